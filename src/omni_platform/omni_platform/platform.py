@@ -1,0 +1,187 @@
+"""OmniPlatform: vLLM's CPU platform with defaults that work on small machines.
+
+A subclass of ``vllm.platforms.cpu.CpuPlatform`` (vLLM 0.28). It overrides only
+classmethods of vLLM's published ``Platform`` interface, calls ``super()`` first,
+changes a setting only while the user left it to vLLM, and logs every choice with the
+value chosen and why:
+
+- thread binding (:mod:`omni_platform.binding`): ``VLLM_CPU_OMP_THREADS_BIND`` from the
+  process's CPU affinity, no reserved core on small machines, CPUs split among local
+  workers (so ``tensor_parallel_size=2`` starts on one NUMA node);
+- KV cache budget (:mod:`omni_platform.kv_budget`): ``kv_cache_memory_bytes`` from
+  ``max_model_len`` x ``max_num_seqs`` when neither it nor ``VLLM_CPU_KVCACHE_SPACE``
+  is set;
+- vLLM IR op priority: omni's CPU ``rms_norm`` providers first when
+  ``OMNI_IR_CPU_NORMS=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from vllm.logger import init_logger
+from vllm.platforms.cpu import CpuPlatform
+
+from omni_platform import envs
+from omni_platform.binding import BindingError, CpuCore, plan_binding
+from omni_platform.kv_budget import plan_kv_cache_bytes
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.config.kernel import IrOpPriorityConfig
+
+__all__ = ["OmniPlatform"]
+
+logger = init_logger("vllm.omni_platform.platform")
+
+_BIND_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+
+
+def _auto_set() -> set[str]:
+    return {v for v in envs.OMNI_AUTO_SET.split(",") if v}
+
+
+def _user_set(name: str) -> bool:
+    """Whether the user (not OmniPlatform in an earlier pass) set environment variable ``name``."""
+    return os.environ.get(name, "") != "" and name not in _auto_set()
+
+
+def _mark_auto_set(name: str, value: str) -> None:
+    os.environ[name] = value
+    os.environ["OMNI_AUTO_SET"] = ",".join(sorted(_auto_set() | {name}))
+
+
+class OmniPlatform(CpuPlatform):
+    """vLLM's ``CpuPlatform`` with small-machine defaults (see the module docstring).
+
+    Activated by the ``omni`` entry point in ``vllm.platform_plugins`` only where
+    vLLM's own CPU platform would activate.
+    """
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        """Apply vLLM's CPU defaults, then omni's thread binding and KV cache budget.
+
+        Raises:
+            BindingError: the allowed CPUs cannot host the local workers.
+            KvBudgetError: not one ``max_model_len`` sequence fits the automatic budget.
+        """
+        kv_space_env = _user_set("VLLM_CPU_KVCACHE_SPACE")
+        explicit_kv = vllm_config.cache_config.kv_cache_memory_bytes
+        super().check_and_update_config(vllm_config)
+        cls._configure_thread_binding(vllm_config)
+        cls._configure_kv_cache(vllm_config, explicit_kv, kv_space_env)
+
+    @classmethod
+    def _configure_thread_binding(cls, vllm_config: VllmConfig) -> None:
+        if _user_set("VLLM_CPU_OMP_THREADS_BIND"):
+            logger.info(
+                "omni: thread binding left to the user: VLLM_CPU_OMP_THREADS_BIND=%r",
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"],
+            )
+            return
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list
+
+        allowed = [CpuCore(c.id, c.physical_core) for c in get_allowed_cpu_list()]
+        local_world_size = vllm_config.parallel_config.local_world_size
+        try:
+            plan = plan_binding(allowed, local_world_size, envs.OMNI_FEW_CPUS)
+        except BindingError as e:
+            raise BindingError(f"OmniPlatform cannot bind worker threads: {e}") from e
+        _mark_auto_set("VLLM_CPU_OMP_THREADS_BIND", plan.threads_bind)
+        if not _user_set("VLLM_CPU_NUM_OF_RESERVED_CPU"):
+            _mark_auto_set("VLLM_CPU_NUM_OF_RESERVED_CPU", str(len(plan.reserved)))
+        logger.info(
+            "omni: VLLM_CPU_OMP_THREADS_BIND=%r (reserved cpus %s) because %s",
+            plan.threads_bind,
+            list(plan.reserved),
+            plan.reason,
+        )
+
+    @classmethod
+    def _configure_kv_cache(
+        cls, vllm_config: VllmConfig, explicit_kv: int | None, kv_space_env: bool
+    ) -> None:
+        cache_config = vllm_config.cache_config
+        if explicit_kv is not None:
+            logger.info(
+                "omni: KV cache budget set by the user: kv_cache_memory_bytes=%d", explicit_kv
+            )
+            return
+        if kv_space_env:
+            logger.info(
+                "omni: KV cache budget set by the user: VLLM_CPU_KVCACHE_SPACE=%s GiB",
+                os.environ["VLLM_CPU_KVCACHE_SPACE"],
+            )
+            return
+        model_config = vllm_config.model_config
+        if model_config is None:
+            return
+        if model_config.use_mla or model_config.is_hybrid or model_config.is_attention_free:
+            logger.info(
+                "omni: KV cache budget left to vLLM (gpu_memory_utilization=%s): "
+                "MLA, hybrid and attention-free models are sized by vLLM",
+                cache_config.gpu_memory_utilization,
+            )
+            return
+        budget = plan_kv_cache_bytes(
+            bytes_per_block=_bytes_per_block(vllm_config),
+            block_size=cache_config.block_size,
+            max_model_len=model_config.max_model_len,
+            max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
+            available_bytes=_available_node_memory(),
+            max_fraction=envs.OMNI_KV_CACHE_MAX_FRACTION,
+        )
+        cache_config.kv_cache_memory_bytes = budget.bytes
+        logger.info(
+            "omni: kv_cache_memory_bytes=%d (%d blocks) sized from %s; neither "
+            "kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE was set",
+            budget.bytes,
+            budget.num_blocks,
+            budget.reason,
+        )
+
+    @classmethod
+    def import_ir_kernels(cls) -> None:
+        """Import vLLM's IR kernels, then omni's CPU providers (:mod:`omni_platform.ir_kernels`)."""
+        super().import_ir_kernels()
+        import omni_platform.ir_kernels  # noqa: F401
+
+    @classmethod
+    def get_default_ir_op_priority(cls, vllm_config: VllmConfig) -> IrOpPriorityConfig:
+        """``["omni_cpu", "native"]`` for both norms when ``OMNI_IR_CPU_NORMS=1``, else vLLM's."""
+        if not envs.OMNI_IR_CPU_NORMS:
+            return super().get_default_ir_op_priority(vllm_config)
+        from vllm.config.kernel import IrOpPriorityConfig
+
+        cls.import_ir_kernels()
+        logger.info("omni: IR op priority omni_cpu, native (OMNI_IR_CPU_NORMS=1)")
+        return IrOpPriorityConfig.with_default(["omni_cpu", "native"])
+
+
+def _bytes_per_block(vllm_config: VllmConfig) -> int:
+    """Bytes of one KV block on one worker: layers x 2 (K, V) x block_size x kv_heads x head_size x dtype."""
+    import torch
+    from vllm.utils.torch_utils import get_kv_cache_torch_dtype
+
+    model_config = vllm_config.model_config
+    parallel_config = vllm_config.parallel_config
+    dtype = get_kv_cache_torch_dtype(vllm_config.cache_config.cache_dtype, model_config.dtype)
+    element = torch.tensor([], dtype=dtype).element_size()
+    return (
+        model_config.get_num_layers(parallel_config)
+        * 2
+        * vllm_config.cache_config.block_size
+        * model_config.get_num_kv_heads(parallel_config)
+        * model_config.get_head_size()
+        * element
+    )
+
+
+def _available_node_memory() -> int:
+    """Available bytes on the NUMA node of the first allowed CPU, as vLLM's CPU worker reads it."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+
+    node = get_allowed_cpu_list()[0].numa_node
+    return get_memory_node_info(node).available_memory
