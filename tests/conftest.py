@@ -1,0 +1,72 @@
+"""Shared fixtures: the real model, a tiny synthetic checkpoint, and running a real engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+REPO = Path(__file__).resolve().parent.parent
+ENGINE_PROBE = REPO / "tests" / "engine_probe.py"
+RESULT_PREFIX = "ENGINE_PROBE_RESULT "
+
+# Variables of the developer's shell that would change what a test measures.
+_SCRUB_PREFIXES = ("VLLM_", "OMNI_", "OMP_", "GOMP_", "KMP_")
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """os.environ without VLLM_*/OMNI_*/OpenMP variables, plus ``overrides``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)}
+    env.update(overrides)
+    return env
+
+
+class EngineRun:
+    """The outcome of one engine_probe.py subprocess: parsed result and full log."""
+
+    def __init__(self, result: dict[str, Any], log: str):
+        self.result = result
+        self.log = log
+
+    def __getitem__(self, key: str) -> Any:
+        return self.result[key]
+
+
+def run_engine(config: dict[str, Any], env: dict[str, str], prefix: list[str] | None = None,
+               timeout: float = 900) -> EngineRun:
+    """Start ``tests/engine_probe.py`` in a fresh process (its own engine core and worker)."""
+    env = {**env, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    cmd = [*(prefix or []), sys.executable, str(ENGINE_PROBE), json.dumps(config)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    log = proc.stdout + "\n" + proc.stderr
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if proc.returncode != 0 or not lines:
+        tail = "\n".join(log.splitlines()[-60:])
+        raise AssertionError(f"engine probe failed (exit {proc.returncode}):\n{tail}")
+    return EngineRun(json.loads(lines[-1][len(RESULT_PREFIX):]), log)
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """The bf16 SmolLM2-135M checkpoint (fetched once; idempotent)."""
+    from harness.models import fetch
+
+    return fetch("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> Path:
+    """A random 2-layer Llama (4 heads, 2 KV heads, float32), no tokenizer."""
+    from omni_platform.probe import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))

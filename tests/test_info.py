@@ -1,0 +1,68 @@
+"""omni-info: exit codes and what it reports (no engine unless --worker)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+OMNI_INFO = str(Path(sys.executable).with_name("omni-info"))
+
+
+def _info(*args, prefix=(), **env):
+    proc = subprocess.run([*prefix, OMNI_INFO, "--json", *args], env=clean_env(**env),
+                          capture_output=True, text=True, timeout=600)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    return proc.returncode, report
+
+
+def test_consistent_install_exits_0():
+    rc, report = _info(VLLM_PLUGINS="omni")
+    assert rc == 0, report["problems"]
+    assert report["platform"] == "omni_platform.platform.OmniPlatform"
+    assert report["distributions"] == {"omni-platform": "0.1.0", "omni-quant": "0.1.0", "omni-patches": "0.1.0"}
+    assert report["extensions_active"] == ["patches", "quant"]
+
+
+def test_unknown_plugin_name_exits_1():
+    rc, report = _info(VLLM_PLUGINS="omni,omnni")
+    assert rc == 1
+    assert any("'omnni'" in p for p in report["problems"])
+
+
+def test_extensions_without_omni_platform_exit_1():
+    # VLLM_TARGET_DEVICE=cpu makes vLLM pick its stock CpuPlatform without asking plugins.
+    rc, report = _info(VLLM_PLUGINS="omni", VLLM_TARGET_DEVICE="cpu")
+    assert rc == 1
+    assert report["platform"] == "vllm.platforms.cpu.CpuPlatform"
+    assert "not omni_platform.platform.OmniPlatform" in report["extensions_error"]
+
+
+@pytest.mark.engine
+def test_c02_worker_decodes_on_all_allowed_cpus():
+    """C02: default binding on this machine uses every allowed CPU, none reserved."""
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    rc, report = _info("--worker", VLLM_PLUGINS="omni")
+    assert rc == 0, report["problems"]
+    (worker,) = report["workers"]
+    assert worker["platform"] == "omni_platform.platform.OmniPlatform"
+    if len(allowed) <= 4:
+        assert worker["threads_cpus"] == allowed
+        assert worker["torch_threads"] == len(allowed)
+
+
+@pytest.mark.engine
+def test_c02_taskset_one_cpu_means_one_thread_on_that_cpu():
+    import os
+
+    cpu = max(os.sched_getaffinity(0))
+    rc, report = _info("--worker", prefix=("taskset", "-c", str(cpu)), VLLM_PLUGINS="omni")
+    assert rc == 0, report["problems"]
+    (worker,) = report["workers"]
+    assert worker["threads_cpus"] == [cpu]
+    assert worker["torch_threads"] == 1
+    assert worker["omp_env"]["OMP_NUM_THREADS"] == "1"

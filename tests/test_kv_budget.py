@@ -1,0 +1,52 @@
+"""KV cache budget (omni_platform.kv_budget)."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omni_platform.kv_budget import KvBudgetError, plan_kv_cache_bytes
+
+GiB = 1 << 30
+# SmolLM2-135M in bf16: 30 layers x 2 (K, V) x 128 tokens x 3 KV heads x 64 x 2 bytes.
+SMOLLM2_BLOCK = 30 * 2 * 128 * 3 * 64 * 2
+
+
+def test_sized_from_max_model_len_times_max_num_seqs():
+    b = plan_kv_cache_bytes(bytes_per_block=SMOLLM2_BLOCK, block_size=128, max_model_len=1000,
+                            max_num_seqs=4, available_bytes=8 * GiB, max_fraction=0.5)
+    assert b.num_blocks == 8 * 4  # ceil(1000 / 128) = 8 blocks per sequence
+    assert b.bytes == 32 * SMOLLM2_BLOCK
+    assert not b.capped
+    assert "max_model_len=1000 x max_num_seqs=4" in b.reason
+
+
+def test_vllm_defaults_are_capped_by_available_memory():
+    b = plan_kv_cache_bytes(bytes_per_block=SMOLLM2_BLOCK, block_size=128, max_model_len=8192,
+                            max_num_seqs=256, available_bytes=8 * GiB, max_fraction=0.5)
+    assert b.capped
+    assert b.bytes <= 4 * GiB
+    assert b.num_blocks == (4 * GiB) // SMOLLM2_BLOCK
+
+
+def test_one_sequence_that_does_not_fit_is_refused():
+    with pytest.raises(KvBudgetError, match="max_model_len=8192"):
+        plan_kv_cache_bytes(bytes_per_block=SMOLLM2_BLOCK, block_size=128, max_model_len=8192,
+                            max_num_seqs=1, available_bytes=100 << 20, max_fraction=0.5)
+
+
+@given(
+    st.integers(1, 1 << 22), st.sampled_from([16, 32, 64, 128]), st.integers(1, 1 << 17),
+    st.integers(1, 1024), st.integers(0, 1 << 40), st.floats(0.01, 1.0),
+)
+def test_budget_is_whole_blocks_within_the_cap(bpb, bs, mml, seqs, avail, frac):
+    try:
+        b = plan_kv_cache_bytes(bytes_per_block=bpb, block_size=bs, max_model_len=mml,
+                                max_num_seqs=seqs, available_bytes=avail, max_fraction=frac)
+    except KvBudgetError:
+        assert int(avail * frac) < -(-mml // bs) * bpb
+        return
+    assert b.bytes == b.num_blocks * bpb
+    assert b.bytes <= int(avail * frac)
+    assert b.num_blocks >= -(-mml // bs)
+    assert b.num_blocks <= -(-mml // bs) * seqs
+    assert b.capped == (b.num_blocks < -(-mml // bs) * seqs)
