@@ -83,6 +83,13 @@ SETTINGS: dict[str, Setting] = {
             "appends one JSON line (pid, parent pid, role, platform, extensions).",
         ),
         Setting(
+            "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
+            _int,
+            None,
+            "Internal: the kv_cache_memory_bytes OmniPlatform chose, inherited by the engine "
+            "core so that vLLM's second configuration pass there is not taken for a user setting.",
+        ),
+        Setting(
             "OMNI_AUTO_SET",
             _str,
             "",

@@ -35,7 +35,6 @@ __all__ = ["OmniPlatform"]
 
 logger = init_logger("vllm.omni_platform.platform")
 
-_BIND_VARS = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_NUM_OF_RESERVED_CPU")
 
 
 def _auto_set() -> set[str]:
@@ -75,6 +74,10 @@ class OmniPlatform(CpuPlatform):
 
     @classmethod
     def _configure_thread_binding(cls, vllm_config: VllmConfig) -> None:
+        if "VLLM_CPU_OMP_THREADS_BIND" in _auto_set() and os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+            current = os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+            if current.count("|") + 1 == vllm_config.parallel_config.local_world_size:
+                return  # chosen by an earlier pass (this process or the one that spawned it)
         if _user_set("VLLM_CPU_OMP_THREADS_BIND"):
             logger.info(
                 "omni: thread binding left to the user: VLLM_CPU_OMP_THREADS_BIND=%r",
@@ -104,6 +107,8 @@ class OmniPlatform(CpuPlatform):
         cls, vllm_config: VllmConfig, explicit_kv: int | None, kv_space_env: bool
     ) -> None:
         cache_config = vllm_config.cache_config
+        if explicit_kv is not None and str(explicit_kv) == os.environ.get("OMNI_AUTO_KV_CACHE_MEMORY_BYTES"):
+            return  # chosen by an earlier pass (vLLM re-checks the config in the engine core)
         if explicit_kv is not None:
             logger.info(
                 "omni: KV cache budget set by the user: kv_cache_memory_bytes=%d", explicit_kv
@@ -134,6 +139,7 @@ class OmniPlatform(CpuPlatform):
             max_fraction=envs.OMNI_KV_CACHE_MAX_FRACTION,
         )
         cache_config.kv_cache_memory_bytes = budget.bytes
+        _mark_auto_set("OMNI_AUTO_KV_CACHE_MEMORY_BYTES", str(budget.bytes))
         logger.info(
             "omni: kv_cache_memory_bytes=%d (%d blocks) sized from %s; neither "
             "kv_cache_memory_bytes nor VLLM_CPU_KVCACHE_SPACE was set",
