@@ -48,3 +48,15 @@ def test_variance_size_falls_back_to_native(ops):
     x = torch.randn(2, 64)
     w = torch.randn(64)
     assert not ops.rms_norm.impls["omni_cpu"].supports_args(x, w, 1e-5, 32)
+
+
+def test_priority_switch_is_off_by_default_and_on_with_the_setting(monkeypatch):
+    from omni_platform.platform import OmniPlatform
+
+    monkeypatch.delenv("OMNI_IR_CPU_NORMS", raising=False)
+    default = OmniPlatform.get_default_ir_op_priority(None)
+    assert default.rms_norm == ["native"] and default.fused_add_rms_norm == ["native"]
+    monkeypatch.setenv("OMNI_IR_CPU_NORMS", "1")
+    on = OmniPlatform.get_default_ir_op_priority(None)
+    assert on.rms_norm == ["omni_cpu", "native"]
+    assert on.fused_add_rms_norm == ["omni_cpu", "native"]

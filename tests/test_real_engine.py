@@ -56,10 +56,13 @@ def test_c03_default_settings_start_with_a_sized_kv_cache(default_run):
 
 
 def test_c03_budget_follows_max_model_len_and_max_num_seqs(real_model):
+    """Also: with VLLM_PLUGINS unset, omni activates all the same."""
     config = {"llm": {"model": str(real_model), "enforce_eager": True, "max_model_len": 1000,
                       "max_num_seqs": 3}, "prompts": PROMPTS[:1], "max_tokens": 4}
-    run = run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+    run = run_engine(config, clean_env())
     (worker,) = run["workers"]
+    assert worker["platform"] == OMNI
+    assert worker["extensions"] == ["patches", "quant"]
     assert worker["kv_cache"]["num_blocks"] == 8 * 3  # ceil(1000 / 128) blocks x 3 sequences
     assert "max_model_len=1000 x max_num_seqs=3 = 24 blocks" in run.log
 

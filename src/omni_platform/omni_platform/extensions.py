@@ -9,12 +9,15 @@ the current vLLM platform is OmniPlatform, then calls each extension's hook once
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import sys
 from importlib.metadata import entry_points
 
 from omni_platform import envs
+
+logger = logging.getLogger("vllm.omni_platform.extensions")
 
 __all__ = [
     "EXTENSION_GROUP",
@@ -79,6 +82,12 @@ def activate() -> dict[str, str]:
             f"omni extensions are installed and enabled, but the vLLM platform is {platform}, "
             f"not {PLATFORM_QUALNAME}: {reason}. Run with VLLM_PLUGINS=omni on a CPU build of "
             "vLLM, or uninstall the omni distributions."
+        )
+    unknown = envs.unknown_omni_variables()
+    if unknown:
+        logger.warning(
+            "omni: ignoring undeclared environment variable(s) %s; declared: %s",
+            unknown, ", ".join(sorted(envs.SETTINGS)),
         )
     for ep in entry_points(group=EXTENSION_GROUP):
         hook = ep.load()
