@@ -51,8 +51,26 @@ def worker_report(worker: Any) -> dict[str, Any]:
         "extensions": sorted(active_extensions()),
         "kv_cache": kv,
         "patches": _applied_patches(),
+        **_head_info(worker),
     }
     return report
+
+
+def _head_info(worker: Any) -> dict[str, Any]:
+    """dtype and quant method of the output head as loaded, and whether it is tied to the embedding."""
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    head = getattr(model, "lm_head", None)
+    if head is None:
+        return {"head_dtype": None, "head_quant_method": None, "head_tied": None}
+    weight = getattr(head, "weight", None)
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    tied = weight is not None and embed is not None and getattr(embed, "weight", None) is weight
+    method = getattr(head, "quant_method", None)
+    return {
+        "head_dtype": str(weight.dtype).removeprefix("torch.") if weight is not None else None,
+        "head_quant_method": type(method).__name__ if method is not None else None,
+        "head_tied": tied,
+    }
 
 
 def _threads_cpus() -> list[int]:

@@ -1,0 +1,247 @@
+"""Side-by-side measurement of arms, with the rules that keep a number honest.
+
+    python harness/bench_harness.py --spec ARMS.json --passes N --metric NAME[,NAME...]
+        --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy]
+
+A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}``; ``command``
+is a list (or a string split like a shell would), where ``{python}`` stands for this
+interpreter and ``{repo}`` for the repository. Each arm prints one JSON object on its
+last stdout line. The first ``--metric`` is the one ranked.
+
+Rules enforced here (docs/methodology.md): arms pinned to ``--cores`` after a
+pre-flight idleness check; arm order rotated every pass; a private ``VLLM_CACHE_ROOT``
+per arm unless the spec shares one; each arm in its own process group, killed whole on
+timeout; failures recorded with their stderr tail; "best" by the metric's declared
+direction; no ranking inside the noise; provenance stamped into the artifact.
+
+Exit status: 0 done; 1 the core guard refused; 2 bad arguments or unknown metric;
+3 ``--check`` found a regression.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make `harness` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness import guard, provenance
+from harness.judge import judge, summarize
+from harness.metrics import UnknownMetricError, get_metric
+from harness.runner import PassResult, run_pass
+
+__all__ = ["FORMAT_VERSION", "check_expectations", "main", "rotation", "run_grid"]
+
+FORMAT_VERSION = 1
+"""Artifact format. 1: format_version, kind, created_unix, spec, passes, metrics,
+runs[], summary{metric: [ArmSummary]}, verdict, provenance, guard[], labels[],
+check, retracted, retraction."""
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rotation(n_arms: int, pass_index: int) -> list[int]:
+    """Arm indices in the order of pass ``pass_index``: pass p starts at arm p mod n."""
+    start = pass_index % n_arms
+    return [(start + i) % n_arms for i in range(n_arms)]
+
+
+def parse_cores(text: str) -> list[int]:
+    """``"0-1,3"`` -> ``[0, 1, 3]``."""
+    cores: set[int] = set()
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-")
+            cores.update(range(int(a), int(b) + 1))
+        elif part:
+            cores.add(int(part))
+    return sorted(cores)
+
+
+def _command(arm: dict[str, Any]) -> list[str]:
+    cmd = arm["command"]
+    parts = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+    return [p.replace("{python}", sys.executable).replace("{repo}", str(REPO)) for p in parts]
+
+
+def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: float, cache_base: Path,
+             progress=print) -> list[PassResult]:
+    """Run every arm ``passes`` times in rotated order; failed passes are kept."""
+    arms = spec["arms"]
+    shared = bool(spec.get("shared_cache", False))
+    results: list[PassResult] = []
+    for p in range(passes):
+        for position, i in enumerate(rotation(len(arms), p)):
+            arm = arms[i]
+            env = {**os.environ, **{k: str(v) for k, v in arm.get("env", {}).items()}}
+            if "VLLM_CACHE_ROOT" not in arm.get("env", {}):
+                env["VLLM_CACHE_ROOT"] = str(cache_base / ("shared" if shared else arm["tag"]))
+            r = run_pass(arm["tag"], _command(arm), env, cores, timeout_s, p, position)
+            r.extra["vllm_cache_root"] = env["VLLM_CACHE_ROOT"]
+            progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']}: "
+                     + (", ".join(f"{k}={v:g}" for k, v in r.metrics.items()) if r.ok else f"FAILED ({r.reason})"))
+            results.append(r)
+    return results
+
+
+def check_expectations(summary: dict[str, list[dict]], expect: dict[str, Any]) -> dict[str, Any]:
+    """Compare medians with ``expect``: ``{"metrics": {NAME: {"arm", "value", "band_pct"}}}``.
+
+    A gateable metric outside its band in the worse direction is a regression; a
+    non-gateable one (end-to-end throughput) is reported as ``ungateable``.
+    """
+    outcomes = []
+    regression = False
+    for name, rule in expect.get("metrics", {}).items():
+        metric = get_metric(name)
+        arm = next((s for s in summary.get(name, []) if s["tag"] == rule["arm"]), None)
+        if arm is None or arm["median"] is None:
+            outcomes.append({"metric": name, "arm": rule["arm"], "status": "missing"})
+            regression = True
+            continue
+        limit = rule["value"] * (1 + rule["band_pct"] / 100 * (1 if metric.direction.value == "lower" else -1))
+        worse = metric.better(limit, arm["median"])
+        if not metric.gateable:
+            status = "ungateable"
+        else:
+            status = "regression" if worse else "ok"
+            regression |= worse
+        outcomes.append({"metric": name, "arm": rule["arm"], "median": arm["median"], "expected": rule["value"],
+                         "band_pct": rule["band_pct"], "limit": limit, "status": status})
+    return {"regression": regression, "outcomes": outcomes}
+
+
+def _table(summary: dict[str, list[dict]], metric_names: list[str]) -> str:
+    lines = []
+    for name in metric_names:
+        m = get_metric(name)
+        lines.append(f"{name} [{m.unit}, {m.direction.value} is better]")
+        lines.append(f"  {'arm':28s} {'n':>2s} {'fail':>4s} {'median':>10s} {'best':>10s} {'min':>10s} {'max':>10s} {'spread%':>8s}")
+        for s in summary[name]:
+            def f(v):
+                return f"{v:10.2f}" if v is not None else f"{'-':>10s}"
+            spread = f"{s['spread_pct']:8.1f}" if s["spread_pct"] is not None else f"{'-':>8s}"
+            label = f"  [{s['label']}]" if s["label"] else ""
+            lines.append(f"  {s['tag']:28s} {s['n']:2d} {s['failed']:4d} {f(s['median'])} {f(s['best'])} "
+                         f"{f(s['min'])} {f(s['max'])} {spread}{label}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line; see the module docstring for the exit statuses."""
+    ap = argparse.ArgumentParser(prog="bench_harness.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", required=True, type=Path)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--metric", required=True, help="metric(s) to summarize, comma-separated; the first is ranked")
+    ap.add_argument("--cores", required=True, help="cores to pin the arms to, e.g. 0-1")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--check", type=Path, default=None)
+    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per arm pass")
+    ap.add_argument("--allow-busy", action="store_true")
+    ap.add_argument("--max-mean-busy", type=float, default=5.0, help="percent")
+    ap.add_argument("--max-core-busy", type=float, default=50.0, help="percent")
+    args = ap.parse_args(argv)
+
+    try:
+        metric_names = [m for m in args.metric.split(",") if m]
+        metrics = [get_metric(m) for m in metric_names]
+    except UnknownMetricError as e:
+        print(f"bench_harness: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        spec = json.loads(args.spec.read_text())
+        arms = spec["arms"]
+        tags = [a["tag"] for a in arms]
+        for a in arms:
+            a["command"]  # noqa: B018  (required key)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"bench_harness: error: spec {args.spec} is not usable: {type(e).__name__}: {e}. "
+              "Expected {\"arms\": [{\"tag\", \"command\", \"env\"}]}", file=sys.stderr)
+        return 2
+    if len(set(tags)) != len(tags) or args.passes < 1:
+        print("bench_harness: error: arm tags must be unique and --passes >= 1", file=sys.stderr)
+        return 2
+    cores = parse_cores(args.cores)
+
+    checks = [guard.AffinityCheck(), guard.CoreIdleCheck(args.max_mean_busy, args.max_core_busy)]
+    findings = guard.run_checks(cores, checks)
+    for f in findings:
+        print(f"guard {f.check}: {f.level}: {f.message}")
+    labels: list[str] = []
+    if any(f.level == "error" for f in findings):
+        if not args.allow_busy or any(f.check == "affinity" and f.level == "error" for f in findings):
+            print("bench_harness: refusing to run (see guard errors; --allow-busy runs anyway on busy cores)",
+                  file=sys.stderr)
+            return 1
+        labels.append("BUSY CORES: run with --allow-busy, numbers are suspect")
+
+    cache_base = args.out.parent / f"{args.out.stem}.vllm-cache"
+    runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
+
+    summary: dict[str, list[dict]] = {}
+    for m in metrics:
+        rows = []
+        for tag in tags:
+            good = [r.metrics[m.name] for r in runs if r.tag == tag and r.ok and m.name in r.metrics]
+            failed = sum(1 for r in runs if r.tag == tag and not r.ok)
+            rows.append(summarize(tag, good, failed, m).to_dict())
+        summary[m.name] = rows
+    from harness.judge import ArmSummary
+
+    verdict = judge([ArmSummary(**s) for s in summary[metrics[0].name]], metrics[0])
+    reported = sorted({k for r in runs for k in r.metrics})
+    unjudged = [k for k in reported if k not in metric_names]
+    artifact: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "kind": "bench",
+        "created_unix": time.time(),
+        "spec_path": str(args.spec),
+        "spec": spec,
+        "passes": args.passes,
+        "metrics": metric_names,
+        "timeout_s": args.timeout,
+        "guard": [vars(f) for f in findings],
+        "labels": labels,
+        "runs": [r.to_dict() for r in runs],
+        "summary": summary,
+        "verdict": verdict.to_dict(),
+        "reported_not_summarized": unjudged,
+        "provenance": provenance.collect(cores),
+        "retracted": False,
+    }
+    missing = provenance.missing_keys(artifact["provenance"], provenance.KEYS)
+    if missing:
+        labels.append(f"provenance incomplete: {missing}")
+    status = 0
+    if args.check:
+        artifact["check"] = check_expectations(summary, json.loads(args.check.read_text()))
+        status = 3 if artifact["check"]["regression"] else 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(args.out.suffix + ".partial")
+    tmp.write_text(json.dumps(artifact, indent=1) + "\n")
+    os.replace(tmp, args.out)
+
+    print()
+    print(_table(summary, metric_names))
+    print(verdict.text)
+    for label in labels:
+        print(f"LABEL: {label}")
+    failed = [r for r in runs if not r.ok]
+    for r in failed:
+        print(f"FAILED {r.tag} pass {r.pass_index + 1}: {r.reason}")
+    if args.check:
+        for o in artifact["check"]["outcomes"]:
+            print(f"check {o['metric']} {o['arm']}: {o['status']}")
+    print(f"artifact: {args.out}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

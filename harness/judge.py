@@ -1,0 +1,93 @@
+"""Per-arm summaries and the ranking rule, with "not significant" as a first-class result.
+
+Rules (docs/methodology.md):
+- fewer than two good passes of an arm: "single pass, not a result", never ranked;
+- a ranking of the two leading arms only when the gap between their medians exceeds
+  both arms' spreads and the metric's declared noise band; otherwise NOT A RANKING.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+
+from harness.metrics import Metric
+
+__all__ = ["ArmSummary", "Verdict", "judge", "summarize"]
+
+NOT_A_RANKING_TOOL = "harness/profile_step.py (per-op self time of a decode step)"
+
+
+@dataclass(frozen=True)
+class ArmSummary:
+    """Statistics of one arm's good passes for one metric (values in the metric's unit)."""
+
+    tag: str
+    n: int
+    failed: int
+    median: float | None
+    best: float | None
+    min: float | None
+    max: float | None
+    spread_pct: float | None
+    label: str | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(tag: str, values: list[float], failed: int, metric: Metric) -> ArmSummary:
+    """Summarize the good passes ``values`` of arm ``tag``; ``failed`` counts failed passes.
+
+    ``spread_pct`` is (max - min) / median x 100.
+    """
+    if not values:
+        return ArmSummary(tag, 0, failed, None, None, None, None, None, "no good pass")
+    med = statistics.median(values)
+    lo, hi = min(values), max(values)
+    spread = (hi - lo) / abs(med) * 100 if med else float("inf")
+    label = "single pass, not a result" if len(values) < 2 else None
+    return ArmSummary(tag, len(values), failed, med, metric.best(values), lo, hi, spread, label)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The comparison outcome: ``ranking`` (best first) or ``None`` with the reason."""
+
+    ranking: list[str] | None
+    significant: bool
+    text: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
+    """Rank the arms by median in the metric's direction, if the leaders are separable.
+
+    The gap between the two leading medians, in percent of the runner-up's median, must
+    exceed the noise band and both leaders' spreads; otherwise the result says
+    NOT A RANKING and names the tool that can separate them.
+    """
+    ranked = [s for s in summaries if s.n >= 2 and s.median is not None]
+    if len(ranked) < 2:
+        return Verdict(None, False, "NOT A RANKING: fewer than two arms with at least two good passes")
+    reverse = metric.direction.value == "higher"
+    ranked.sort(key=lambda s: s.median, reverse=reverse)
+    first, second = ranked[0], ranked[1]
+    gap_pct = abs(first.median - second.median) / abs(second.median) * 100 if second.median else float("inf")
+    needed = max(metric.noise_pct, first.spread_pct or 0.0, second.spread_pct or 0.0)
+    if gap_pct > needed:
+        order = " > ".join(s.tag for s in ranked)
+        return Verdict(
+            [s.tag for s in ranked],
+            True,
+            f"ranking ({metric.direction.value} is better): {order}; gap {gap_pct:.1f}% > {needed:.1f}% "
+            f"(max of noise band {metric.noise_pct:g}% and both spreads)",
+        )
+    return Verdict(
+        None,
+        False,
+        f"NOT A RANKING: {first.tag} vs {second.tag} differ by {gap_pct:.1f}%, inside {needed:.1f}% "
+        f"(noise band {metric.noise_pct:g}% or spread); separate them with {NOT_A_RANKING_TOOL}",
+    )

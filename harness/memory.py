@@ -1,0 +1,71 @@
+"""Memory of a process tree, measured as the sum of RssAnon.
+
+RssAnon (``/proc/PID/status``) counts anonymous pages only: a mmap'd checkpoint's file
+pages, which VmRSS includes, are not in it, so it measures what a process really
+allocated. vLLM keeps the weights in a worker process, two levels below the front end:
+the tree's sum is the only honest total (C07).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import psutil
+
+__all__ = ["ProcessMemory", "rss_anon_bytes", "tree_memory"]
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    """One process: ``pid``, ``role`` (from its title or name), ``rss_anon`` and ``vm_rss`` in bytes."""
+
+    pid: int
+    ppid: int
+    role: str
+    rss_anon: int
+    vm_rss: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _status_kb(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(f"{key} not in /proc/{pid}/status")
+
+
+def rss_anon_bytes(pid: int) -> int:
+    """RssAnon of ``pid`` in bytes (from ``/proc/PID/status``)."""
+    return _status_kb(pid, "RssAnon")
+
+
+def _role(p: psutil.Process) -> str:
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        cmd = []
+    title = cmd[0] if len(cmd) == 1 else p.name()
+    if title.startswith("VLLM::"):
+        return title.removeprefix("VLLM::")
+    if any("resource_tracker" in c for c in cmd):
+        return "resource_tracker"
+    return title
+
+
+def tree_memory(root_pid: int) -> list[ProcessMemory]:
+    """RssAnon and VmRSS of ``root_pid`` and all its descendants (processes that vanish are skipped)."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    out: list[ProcessMemory] = []
+    for p in procs:
+        try:
+            out.append(ProcessMemory(p.pid, p.ppid(), _role(p), rss_anon_bytes(p.pid), _status_kb(p.pid, "VmRSS")))
+        except (psutil.Error, OSError, KeyError):
+            continue
+    return out

@@ -1,0 +1,86 @@
+"""The one registry of metrics: each declares its direction, unit and noise band.
+
+"Best" is decided by the declared direction only, never from the metric's name
+(C11: ``tokens_per_s`` is higher-is-better, ``rss_anon_tree_mb`` lower-is-better
+because they are declared so). An unknown metric is an error that asks for its
+direction to be declared here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = ["Direction", "Metric", "METRICS", "UnknownMetricError", "get_metric"]
+
+
+class Direction(str, Enum):
+    """Which way is better."""
+
+    HIGHER = "higher"
+    LOWER = "lower"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A measured quantity.
+
+    ``noise_pct`` is the run-to-run band (percent of the median) inside which two arms
+    are not ranked; ``gateable`` says whether ``--check`` may fail a run on it
+    (end-to-end throughput on a shared 2-core box is too noisy to gate).
+    """
+
+    name: str
+    direction: Direction
+    unit: str
+    noise_pct: float
+    gateable: bool
+    doc: str
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether ``a`` is strictly better than ``b``."""
+        return a > b if self.direction is Direction.HIGHER else a < b
+
+    def best(self, values: list[float]) -> float:
+        """The best of ``values`` by direction."""
+        return max(values) if self.direction is Direction.HIGHER else min(values)
+
+
+class UnknownMetricError(KeyError):
+    """A metric name with no declared direction."""
+
+    def __str__(self) -> str:
+        name = self.args[0]
+        return (
+            f"metric {name!r} is not declared in harness/metrics.py; declare it with its "
+            f"direction (higher or lower is better), unit and noise band. Known: "
+            f"{', '.join(sorted(METRICS))}"
+        )
+
+
+_ALL = [
+    Metric("tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "decode (text generation) tokens per second, one stream"),
+    Metric("pp_tps", Direction.HIGHER, "tok/s", 5.0, False, "prefill (prompt processing) tokens per second"),
+    Metric("tokens_per_s", Direction.HIGHER, "tok/s", 5.0, False, "generic throughput"),
+    Metric("agg_tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "aggregate decode tok/s over concurrent streams"),
+    Metric("rss_anon_tree_mb", Direction.LOWER, "MiB", 2.0, True, "sum of RssAnon over the process tree"),
+    Metric("rss_anon_tree_full_mb", Direction.LOWER, "MiB", 2.0, True, "RssAnon over the tree at full context"),
+    Metric("start_cold_s", Direction.LOWER, "s", 10.0, False, "engine start, empty compile cache"),
+    Metric("start_warm_s", Direction.LOWER, "s", 10.0, False, "engine start, compile cache filled"),
+    Metric("op_self_us", Direction.LOWER, "us", 5.0, True, "per-op self time of a decode step"),
+    Metric("seconds", Direction.LOWER, "s", 5.0, False, "generic wall time"),
+]
+
+METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
+
+
+def get_metric(name: str) -> Metric:
+    """The declared metric ``name``.
+
+    Raises:
+        UnknownMetricError: ``name`` is not declared.
+    """
+    try:
+        return METRICS[name]
+    except KeyError:
+        raise UnknownMetricError(name) from None

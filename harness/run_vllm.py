@@ -1,0 +1,147 @@
+"""Arm runner: vLLM (stock or with omni, per ``VLLM_PLUGINS``) in the manner of llama-bench.
+
+    python harness/run_vllm.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
+        [--context-len 16] [--concurrency 8] [--max-num-seqs 8] [--enforce-eager]
+        [--kv-cache-memory-bytes N] [--quantization Q]
+
+Prints one JSON object on its last stdout line: ``metrics`` and ``provenance``.
+
+Metrics (units in harness/metrics.py):
+- ``pp_tps``: ``prompt_len`` / seconds of a request that prefills ``prompt_len`` tokens
+  and generates one (pp512 with the default).
+- ``tg_tps``: ``gen_len - 1`` / (T(gen_len) - T(1)) for one stream after a
+  ``context_len``-token prompt, greedy, ignore_eos: the decode rate with the prefill
+  and first token subtracted (tg128 with the default).
+- ``agg_tg_tps``: ``concurrency`` x ``gen_len`` / seconds, ``concurrency`` streams at once.
+- ``start_cold_s`` or ``start_warm_s``: ``LLM(...)`` construction seconds; cold when
+  ``VLLM_CACHE_ROOT`` held no compile cache before, warm otherwise.
+- ``rss_anon_tree_mb``: RssAnon summed over this process and its descendants at ready
+  (engine core and workers included), MiB; ``rss_anon_tree_full_mb`` after a request
+  that fills ``max_model_len`` tokens of KV cache.
+
+Token prompts are made of fixed ids, so every arm sees the same input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["main"]
+
+MiB = 1 << 20
+
+
+def _prompt(n: int, offset: int = 0) -> list[int]:
+    # Ordinary token ids of SmolLM2's vocabulary (49152), avoiding special tokens < 20.
+    return [100 + ((i * 7919 + offset) % 40000) for i in range(n)]
+
+
+def _cache_is_empty(root: str | None) -> bool:
+    if not root or not os.path.isdir(root):
+        return True
+    return not any(files for _, _, files in os.walk(root))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="run_vllm.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a harness.models name or a checkpoint directory")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--context-len", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--max-num-seqs", type=int, default=8)
+    ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    ap.add_argument("--quantization", default=None)
+    ap.add_argument("--enforce-eager", action="store_true")
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
+    from harness.memory import tree_memory
+    from harness.models import MODELS, fetch
+    from harness.provenance import checkpoint_fingerprint
+
+    model = str(fetch(args.model)) if args.model in MODELS else args.model
+    cold = _cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs = dict(model=model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                  enforce_eager=args.enforce_eager, seed=0)
+    if args.kv_cache_memory_bytes:
+        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
+    if args.quantization:
+        kwargs["quantization"] = args.quantization
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    start_s = time.perf_counter() - t0
+    tree_ready = tree_memory(os.getpid())
+
+    def timed(prompts, max_tokens):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+        t = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        dt = time.perf_counter() - t
+        assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+        return dt
+
+    timed([_prompt(8, 99)], 4)  # warm-up request, not measured
+    pp_s = timed([_prompt(args.prompt_len, 1)], 1)
+    ctx = _prompt(args.context_len, 2)
+    t_one = timed([ctx], 1)
+    t_gen = timed([ctx], args.gen_len)
+    agg_s = timed([_prompt(args.context_len, 10 + i) for i in range(args.concurrency)], args.gen_len)
+    full_len = args.max_model_len - 1
+    timed([_prompt(full_len, 3)], 1)
+    tree_full = tree_memory(os.getpid())
+
+    from omni_platform.probe import worker_report
+
+    workers = llm.collective_rpc(worker_report)
+    w0 = workers[0]
+    size, sha = checkpoint_fingerprint(model)
+    metrics = {
+        "pp_tps": args.prompt_len / pp_s,
+        "tg_tps": (args.gen_len - 1) / (t_gen - t_one),
+        "agg_tg_tps": args.concurrency * args.gen_len / agg_s,
+        ("start_cold_s" if cold else "start_warm_s"): start_s,
+        "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
+        "rss_anon_tree_full_mb": sum(p.rss_anon for p in tree_full) / MiB,
+    }
+    result = {
+        "metrics": metrics,
+        "provenance": {
+            "platform": w0["platform"],
+            "worker_threads": w0["torch_threads"],
+            "worker_cpus": w0["threads_cpus"],
+            "omp_env": w0["omp_env"],
+            "model_path": model,
+            "model_bytes": size,
+            "model_sha256": sha,
+            "quantization": args.quantization,
+            "head_dtype": w0.get("head_dtype"),
+            "head_quant_method": w0.get("head_quant_method"),
+            "patches": w0["patches"],
+            "kv_cache": w0["kv_cache"],
+            "enforce_eager": args.enforce_eager,
+            "compile_cache": "cold" if cold else "warm",
+            "processes_ready": [p.to_dict() for p in tree_ready],
+            "processes_full": [p.to_dict() for p in tree_full],
+            "params": vars(args),
+        },
+    }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

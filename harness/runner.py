@@ -1,0 +1,111 @@
+"""Run one arm pass: pinned to the given cores, in its own process group, with a timeout.
+
+An arm prints its metrics as one JSON object on the last line of its stdout. A pass
+that exits non-zero, prints no JSON or outlives its timeout is a failed pass, recorded
+with the reason and the tail of its stderr; on timeout the whole process group is
+killed (vLLM's engine core and workers included), never left running (C10).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["PassResult", "run_pass"]
+
+TAIL_LINES = 30
+
+
+@dataclass
+class PassResult:
+    """One pass of one arm: ``ok`` with ``metrics``, or not ok with ``reason`` and ``stderr_tail``."""
+
+    tag: str
+    pass_index: int
+    position: int
+    ok: bool
+    exit_status: int | None
+    seconds: float
+    reason: str | None = None
+    stderr_tail: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    arm_provenance: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _tail(path: str, n: int = TAIL_LINES) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-n:])
+
+
+def _kill_group(pgid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int], timeout_s: float,
+             pass_index: int, position: int) -> PassResult:
+    """Run ``command`` once and parse its last stdout line as the metrics JSON.
+
+    The child is pinned with ``sched_setaffinity(cores)`` and leads a new session
+    (its own process group), so that a timeout can kill everything it started.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"arm-{tag}-") as tmp:
+        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+        start = time.monotonic()
+        with open(out_path, "w") as out, open(err_path, "w") as err:
+            try:
+                proc = subprocess.Popen(
+                    command, env=env, stdout=out, stderr=err, start_new_session=True,
+                    preexec_fn=lambda: os.sched_setaffinity(0, cores),
+                )
+            except OSError as e:
+                return PassResult(tag, pass_index, position, False, None, 0.0, f"could not start: {e}")
+            try:
+                status = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc.pid)
+                proc.wait()
+                return PassResult(tag, pass_index, position, False, proc.returncode, time.monotonic() - start,
+                                  f"timeout after {timeout_s:g} s; process group {proc.pid} killed",
+                                  _tail(err_path))
+            finally:
+                _kill_group(proc.pid)  # stragglers the arm left behind
+        seconds = time.monotonic() - start
+        if status != 0:
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              f"exit status {status}", _tail(err_path))
+        with open(out_path, errors="replace") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+        try:
+            payload = json.loads(lines[-1])
+            if not isinstance(payload, dict):
+                raise ValueError("not a JSON object")
+        except (IndexError, ValueError) as e:
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              f"last stdout line is not a JSON object ({e})", _tail(err_path))
+        metrics = {k: float(v) for k, v in payload.get("metrics", payload).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return PassResult(tag, pass_index, position, True, status, seconds, metrics=metrics,
+                          arm_provenance=payload.get("provenance", {}),
+                          extra={k: v for k, v in payload.items() if k not in ("metrics", "provenance")}
+                          if "metrics" in payload else {})
