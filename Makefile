@@ -11,7 +11,12 @@ MODEL  ?= smollm2-135m
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
-.PHONY: setup model demo serve test clean
+CORES  ?= $(shell $(PYTHON) -c "import os; print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
+BENCH_PASSES ?= 3
+BENCH_OUT = harness/results/decode_vs_llamacpp-$(shell date -u +%Y%m%dT%H%M%SZ).json
+LCP_STAMP := $(VENV)/.omni-llamacpp
+
+.PHONY: setup bench-setup model demo serve test bench clean
 
 setup: $(STAMP)
 
@@ -37,7 +42,20 @@ serve: $(STAMP)
 	VLLM_PLUGINS=omni $(VENV)/bin/omni-vllm serve "$$($(PY) -m harness.models fetch $(MODEL) | tail -n 1)" \
 	    --served-model-name $(MODEL) --host 127.0.0.1 --port $(PORT) --max-model-len 2048 --max-num-seqs 8
 
-test: $(STAMP)
+# llama.cpp baseline: pip builds llama-cpp-python from source (about 5 minutes).
+bench-setup: $(LCP_STAMP)
+
+$(LCP_STAMP): $(STAMP)
+	$(PIP) install --quiet "llama-cpp-python==0.3.36"
+	touch $(LCP_STAMP)
+
+bench: $(STAMP) $(LCP_STAMP)
+	$(PY) -m harness.models fetch smollm2-135m
+	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb --cores $(CORES) --out $(BENCH_OUT) --timeout 900
+	$(PY) harness/results.py plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
+
+test: $(STAMP) $(LCP_STAMP)
 	$(PY) -m harness.models fetch smollm2-135m
 	$(PY) -m pytest $(PYTEST_ARGS)
 

@@ -47,17 +47,30 @@ def _tail(path: str, n: int = TAIL_LINES) -> str:
         return "".join(f.readlines()[-n:])
 
 
-def _kill_group(pgid: int) -> None:
+def _group_alive(pgid: int) -> bool:
+    """Whether any non-zombie process is still in process group ``pgid``."""
+    import psutil
+
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                return True
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return False
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL after 5 s, every process of the group ``proc`` leads."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
-            os.killpg(pgid, sig)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
+            proc.poll()  # reap the leader so that it does not count as alive
+            if not _group_alive(proc.pid):
                 return
             time.sleep(0.1)
 
@@ -83,13 +96,13 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
             try:
                 status = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(proc.pid)
+                _kill_group(proc)
                 proc.wait()
                 return PassResult(tag, pass_index, position, False, proc.returncode, time.monotonic() - start,
                                   f"timeout after {timeout_s:g} s; process group {proc.pid} killed",
                                   _tail(err_path))
             finally:
-                _kill_group(proc.pid)  # stragglers the arm left behind
+                _kill_group(proc)  # stragglers the arm left behind
         seconds = time.monotonic() - start
         if status != 0:
             return PassResult(tag, pass_index, position, False, status, seconds,

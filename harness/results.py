@@ -1,0 +1,140 @@
+"""Published results: list them, plot one, retract one (never delete).
+
+    python harness/results.py list [--dir harness/results]
+    python harness/results.py plot FILE [--out PNG]
+    python harness/results.py retract FILE --reason TEXT [--superseded-by FILE]
+
+A retracted artifact keeps all its data and gains ``"retracted": true`` with the
+reason, the superseding file and the time; ``list`` shows both kinds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["list_results", "main", "plot", "retract"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def _load(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or "format_version" not in data:
+        raise ValueError(f"{path} is not a harness artifact (no format_version)")
+    return data
+
+
+def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
+    """One row per artifact in ``directory``: file, kind, created, verdict, retracted (and why)."""
+    rows = []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            data = _load(path)
+        except (ValueError, OSError):
+            continue
+        rows.append({
+            "file": path.name,
+            "kind": data.get("kind"),
+            "created_unix": data.get("created_unix"),
+            "git_sha": data.get("provenance", {}).get("git_sha"),
+            "verdict": data.get("verdict", {}).get("text"),
+            "retracted": bool(data.get("retracted")),
+            "retraction": data.get("retraction"),
+        })
+    return rows
+
+
+def retract(path: Path, reason: str, superseded_by: str | None) -> dict:
+    """Mark ``path`` retracted in place (atomically); its data stays.
+
+    Raises:
+        ValueError: no reason given, the file is not an artifact, or already retracted.
+    """
+    if not reason.strip():
+        raise ValueError("a retraction needs a reason")
+    data = _load(path)
+    if data.get("retracted"):
+        raise ValueError(f"{path} is already retracted: {data.get('retraction')}")
+    data["retracted"] = True
+    data["retraction"] = {"reason": reason, "superseded_by": superseded_by, "retracted_unix": time.time()}
+    tmp = path.with_suffix(path.suffix + ".partial")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return data
+
+
+def plot(path: Path, out: Path | None = None) -> Path:
+    """Draw each summarized metric as bars of the arms' medians with min-max whiskers (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harness.metrics import get_metric
+
+    data = _load(path)
+    names = data["metrics"]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        m = get_metric(name)
+        rows = [r for r in data["summary"][name] if r["median"] is not None]
+        tags = [r["tag"] for r in rows]
+        med = [r["median"] for r in rows]
+        err = [[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]]
+        ax.bar(range(len(rows)), med, yerr=err, capsize=4, color="#4c72b0")
+        ax.set_xticks(range(len(rows)), tags, rotation=25, ha="right", fontsize=8)
+        ax.set_title(f"{name} ({m.direction.value} is better)", fontsize=9)
+        ax.set_ylabel(m.unit)
+        for i, r in enumerate(rows):
+            ax.annotate(f"n={r['n']}", (i, 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7,
+                        color="white")
+    title = data.get("verdict", {}).get("text", "")
+    if data.get("retracted"):
+        title = "RETRACTED: " + data["retraction"]["reason"]
+    fig.suptitle(f"{path.name}\n{title}", fontsize=8)
+    fig.tight_layout()
+    out = out or path.with_suffix(".png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="results.py", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_list = sub.add_parser("list")
+    p_list.add_argument("--dir", type=Path, default=RESULTS_DIR)
+    p_plot = sub.add_parser("plot")
+    p_plot.add_argument("file", type=Path)
+    p_plot.add_argument("--out", type=Path, default=None)
+    p_ret = sub.add_parser("retract")
+    p_ret.add_argument("file", type=Path)
+    p_ret.add_argument("--reason", required=True)
+    p_ret.add_argument("--superseded-by", default=None)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for r in list_results(args.dir):
+                state = f"RETRACTED ({r['retraction']['reason']})" if r["retracted"] else "published"
+                print(f"{r['file']:60s} {state:30s} {r['verdict']}")
+        elif args.cmd == "plot":
+            print(plot(args.file, args.out))
+        else:
+            retract(args.file, args.reason, args.superseded_by)
+            print(f"retracted {args.file}")
+    except (ValueError, OSError, KeyError) as e:
+        print(f"results.py: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""bench_harness.py end to end with synthetic arms: tiny Python commands that print JSON."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import guard
+from harness.provenance import KEYS
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = [sys.executable, str(REPO / "harness" / "bench_harness.py")]
+CORES = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+
+
+def _arm(tag, code, env=None):
+    return {"tag": tag, "command": [sys.executable, "-c", code], "env": env or {}}
+
+
+def _bench(tmp_path, arms, *extra, passes=3, metric="tokens_per_s", **spec_extra):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arms": arms, **spec_extra}))
+    out = tmp_path / "out.json"
+    proc = subprocess.run([*BENCH, "--spec", str(spec), "--passes", str(passes), "--metric", metric,
+                           "--cores", CORES, "--out", str(out), "--allow-busy", *extra],
+                          capture_output=True, text=True, timeout=300)
+    return proc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_rotation_failures_caches_and_provenance(tmp_path):
+    log = tmp_path / "order.log"
+    record = ("import json, os, sys; open(%r, 'a').write(os.environ['TAG'] + ' ' + os.environ['VLLM_CACHE_ROOT'] + '\\n');"
+              " print(json.dumps({'tokens_per_s': float(os.environ['V'])}))") % str(log)
+    arms = [
+        _arm("a", record, {"TAG": "a", "V": "100"}),
+        _arm("b", record, {"TAG": "b", "V": "50"}),
+        _arm("boom", "import sys; sys.stderr.write('kaboom on stderr\\n'); sys.exit(3)"),
+    ]
+    proc, art = _bench(tmp_path, arms)
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln.split() for ln in log.read_text().splitlines()]
+    assert [t for t, _ in lines] == ["a", "b", "b", "a", "a", "b"]  # boom sits between them in the rotation
+    caches = {t: c for t, c in lines}
+    assert caches["a"] != caches["b"], "each arm has its own VLLM_CACHE_ROOT"
+    runs = art["runs"]
+    assert [r["tag"] for r in runs] == ["a", "b", "boom", "b", "boom", "a", "boom", "a", "b"]
+    failed = [r for r in runs if not r["ok"]]
+    assert len(failed) == 3 and all(r["reason"] == "exit status 3" and "kaboom" in r["stderr_tail"] for r in failed)
+    assert art["verdict"]["ranking"] == ["a", "b"]
+    assert {s["tag"]: s["failed"] for s in art["summary"]["tokens_per_s"]}["boom"] == 3
+    assert not [k for k in KEYS if k not in art["provenance"]]
+    assert art["provenance"]["git_sha"] and isinstance(art["provenance"]["git_dirty"], bool)
+    assert "FAILED boom" in proc.stdout
+
+
+def test_shared_cache_on_purpose(tmp_path):
+    code = "import json, os; print(json.dumps({'tokens_per_s': 1.0, 'root': os.environ['VLLM_CACHE_ROOT']}))"
+    proc, art = _bench(tmp_path, [_arm("a", code), _arm("b", code)], passes=1, shared_cache=True)
+    assert proc.returncode == 0
+    assert len({r["extra"]["vllm_cache_root"] for r in art["runs"]}) == 1
+
+
+def test_c10_timeout_kills_the_whole_group_and_the_grid_goes_on(tmp_path):
+    pidfile = tmp_path / "child.pid"
+    hang = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+            f" open({str(pidfile)!r}, 'w').write(str(c.pid)); sys.stderr.write('hanging now\\n'); sys.stderr.flush();"
+            " time.sleep(600)")
+    ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
+    t = time.monotonic()
+    proc, art = _bench(tmp_path, [_arm("hang", hang), _arm("ok", ok)], "--timeout", "3", passes=2)
+    assert time.monotonic() - t < 120
+    assert proc.returncode == 0
+    hung = [r for r in art["runs"] if r["tag"] == "hang"]
+    assert len(hung) == 2 and all("timeout after 3 s" in r["reason"] for r in hung)
+    assert all("hanging now" in r["stderr_tail"] for r in hung)
+    child = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
+    assert [r["ok"] for r in art["runs"] if r["tag"] == "ok"] == [True, True]
+
+
+def test_single_pass_label_and_unknown_metric(tmp_path):
+    ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
+    proc, art = _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=1)
+    assert "single pass, not a result" in proc.stdout
+    assert art["verdict"]["ranking"] is None
+    proc, art = _bench(tmp_path, [_arm("x", ok)], passes=1, metric="tokens_per_sec")
+    assert proc.returncode == 2 and "declare it with its direction" in proc.stderr
+
+
+def test_check_exit_codes(tmp_path):
+    code = "import json; print(json.dumps({'rss_anon_tree_mb': 600.0, 'tg_tps': 1.0}))"
+    expect = tmp_path / "expect.json"
+    expect.write_text(json.dumps({"metrics": {"rss_anon_tree_mb": {"arm": "x", "value": 500, "band_pct": 5},
+                                              "tg_tps": {"arm": "x", "value": 100, "band_pct": 5}}}))
+    proc, art = _bench(tmp_path, [_arm("x", code)], "--check", str(expect), passes=2,
+                       metric="rss_anon_tree_mb,tg_tps")
+    assert proc.returncode == 3
+    statuses = {o["metric"]: o["status"] for o in art["check"]["outcomes"]}
+    assert statuses == {"rss_anon_tree_mb": "regression", "tg_tps": "ungateable"}
+
+
+def test_guard_with_canned_samples():
+    busy = guard.CoreIdleCheck(sampler=lambda w: [80.0, 0.0])
+    found = busy.run(cores=[0, 1])
+    assert {f.level for f in found} == {"error"} and any("busy cores" in f.message for f in found)
+    quiet = guard.CoreIdleCheck(sampler=lambda w: [1.0, 2.0])
+    assert [f.level for f in quiet.run(cores=[0, 1])] == ["advice"]
+    samples = iter([[90.0, 0.0], [3.0, 0.0]])  # one burst is forgiven: min of the two windows
+    burst = guard.CoreIdleCheck(sampler=lambda w: next(samples))
+    assert [f.level for f in burst.run(cores=[0, 1])] == ["advice"]
+    mean = guard.CoreIdleCheck(sampler=lambda w: [20.0, 20.0])
+    assert any("mean utilisation" in f.message for f in mean.run(cores=[0, 1]))
+
+
+def test_guard_refuses_a_really_busy_core(tmp_path):
+    core = max(os.sched_getaffinity(0))
+    spin = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1)
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"arms": [_arm("x", "print('{\"tokens_per_s\": 1}')")]}))
+        args = [*BENCH, "--spec", str(spec), "--passes", "1", "--metric", "tokens_per_s", "--cores", str(core),
+                "--out", str(tmp_path / "o.json")]
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 1 and "refusing" in refused.stderr
+        assert not (tmp_path / "o.json").exists()
+        allowed = subprocess.run([*args, "--allow-busy"], capture_output=True, text=True, timeout=120)
+        assert allowed.returncode == 0
+        assert json.loads((tmp_path / "o.json").read_text())["labels"][0].startswith("BUSY CORES")
+    finally:
+        spin.kill()
+        spin.wait()
+
+
+def test_results_list_plot_and_retract(tmp_path):
+    ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
+    _, art = _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
+    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    out = tmp_path / "out.json"
+    png = subprocess.run([*results, "plot", str(out)], capture_output=True, text=True, timeout=120)
+    assert png.returncode == 0 and Path(png.stdout.strip()).read_bytes()[:4] == b"\x89PNG"
+    before = json.loads(out.read_text())
+    r = subprocess.run([*results, "retract", str(out), "--reason", "cores were busy", "--superseded-by", "new.json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0
+    after = json.loads(out.read_text())
+    assert after["retracted"] is True and after["retraction"]["superseded_by"] == "new.json"
+    assert after["runs"] == before["runs"], "retraction keeps the data"
+    again = subprocess.run([*results, "retract", str(out), "--reason", "x"], capture_output=True, text=True)
+    assert again.returncode == 2 and "already retracted" in again.stderr
+    listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
+    assert "RETRACTED (cores were busy)" in listing.stdout

@@ -1,0 +1,52 @@
+"""RssAnon over a process tree (harness.memory)."""
+
+import os
+import subprocess
+import sys
+import time
+
+from harness.memory import rss_anon_bytes, tree_memory
+
+MiB = 1 << 20
+
+
+def test_rss_anon_ignores_mmapped_file_pages_that_vmrss_counts(tmp_path):
+    data = tmp_path / "weights.bin"
+    data.write_bytes(os.urandom(64 * MiB))
+    code = (
+        "import mmap, sys, time\n"
+        f"f = open({str(data)!r}, 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "s = sum(m[i] for i in range(0, len(m), 4096))\n"
+        "print('ready', flush=True); time.sleep(60)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        (me,) = [m for m in tree_memory(p.pid) if m.pid == p.pid]
+        assert me.vm_rss - me.rss_anon >= 60 * MiB, "VmRSS counts the mapped file"
+        assert me.rss_anon < 40 * MiB, "RssAnon does not"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_tree_sums_children(tmp_path):
+    code = (
+        "import subprocess, sys, time\n"
+        "c = subprocess.Popen([sys.executable, '-c', 'x = bytearray(48 << 20); import time; print(1, flush=True); time.sleep(60)'],"
+        " stdout=subprocess.PIPE)\n"
+        "c.stdout.readline(); print('ready', flush=True); time.sleep(60)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        tree = tree_memory(p.pid)
+        assert len(tree) == 2
+        child = [m for m in tree if m.pid != p.pid][0]
+        assert child.ppid == p.pid and child.rss_anon >= 48 * MiB
+        assert abs(rss_anon_bytes(child.pid) - child.rss_anon) < 4 * MiB
+    finally:
+        for proc in tree_memory(p.pid)[1:]:
+            os.kill(proc.pid, 9)
+        p.kill()
+        p.wait()
