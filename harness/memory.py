@@ -42,17 +42,19 @@ def rss_anon_bytes(pid: int) -> int:
     return _status_kb(pid, "RssAnon")
 
 
-def _role(p: psutil.Process) -> str:
+def _role(p: psutil.Process, root_pid: int) -> str:
+    """``front_end`` for the root; vLLM's process title (``VLLM::EngineCore`` -> ``EngineCore``); else the name."""
+    if p.pid == root_pid:
+        return "front_end"
     try:
-        cmd = p.cmdline()
+        joined = " ".join(c for c in p.cmdline() if c).strip()
     except psutil.Error:
-        cmd = []
-    title = cmd[0] if len(cmd) == 1 else p.name()
-    if title.startswith("VLLM::"):
-        return title.removeprefix("VLLM::")
-    if any("resource_tracker" in c for c in cmd):
+        joined = ""
+    if joined.startswith("VLLM::"):
+        return joined.split()[0].removeprefix("VLLM::")
+    if "resource_tracker" in joined:
         return "resource_tracker"
-    return title
+    return p.name()
 
 
 def tree_memory(root_pid: int) -> list[ProcessMemory]:
@@ -65,7 +67,7 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
     out: list[ProcessMemory] = []
     for p in procs:
         try:
-            out.append(ProcessMemory(p.pid, p.ppid(), _role(p), rss_anon_bytes(p.pid), _status_kb(p.pid, "VmRSS")))
+            out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid), _status_kb(p.pid, "VmRSS")))
         except (psutil.Error, OSError, KeyError):
             continue
     return out
