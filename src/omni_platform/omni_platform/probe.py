@@ -66,8 +66,14 @@ def _head_info(worker: Any) -> dict[str, Any]:
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     tied = weight is not None and embed is not None and getattr(embed, "weight", None) is weight
     method = getattr(head, "quant_method", None)
+    if weight is not None:
+        dtype = str(weight.dtype).removeprefix("torch.")
+    elif getattr(head, "int4_weight", None) is not None:
+        dtype = "int4"  # omni-quant cpu_int4: 4-bit codes, no floating-point copy
+    else:
+        dtype = None
     return {
-        "head_dtype": str(weight.dtype).removeprefix("torch.") if weight is not None else None,
+        "head_dtype": dtype,
         "head_quant_method": type(method).__name__ if method is not None else None,
         "head_tied": tied,
     }

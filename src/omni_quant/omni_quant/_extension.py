@@ -1,8 +1,8 @@
 """The ``quant`` hook of the ``omni.extensions`` group, run by omni's general plugin.
 
-It runs in every vLLM process (front end, engine core, worker), which is where
-``register_quantization_config("cpu_int4")`` must happen. The method itself is not
-built yet (issue 4): the hook registers nothing so far.
+It runs in every vLLM process (front end, engine core, worker), which is where the
+``cpu_int4`` method must be registered (C05): the front end to validate the config,
+the worker to build the layers. Repeating it is harmless.
 """
 
 from __future__ import annotations
@@ -11,4 +11,11 @@ __all__ = ["register"]
 
 
 def register() -> None:
-    """Register omni-quant's vLLM extensions in this process (none yet)."""
+    """Register the ``cpu_int4`` quantization config and the ``omni_quant`` custom ops."""
+    from vllm.model_executor.layers.quantization import register_quantization_config
+
+    from omni_quant.config import QUANT_METHOD, CpuInt4Config
+    from omni_quant.ops import register_ops
+
+    register_quantization_config(QUANT_METHOD)(CpuInt4Config)
+    register_ops()

@@ -1,0 +1,37 @@
+"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line; exit 2 with a clear message on bad input (nothing written)."""
+    ap = argparse.ArgumentParser(prog="omni-quant", description="cpu_int4 tools for vLLM on CPU")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("convert", help="convert a bf16 Hugging Face checkpoint to cpu_int4")
+    c.add_argument("src")
+    c.add_argument("dst")
+    c.add_argument("--group-size", type=int, default=128, help="preferred group size: 128 (default), 64 or 32")
+    c.add_argument("--keep-bf16", nargs="*", default=[], metavar="NAME",
+                   help="modules to leave in bf16, e.g. lm_head or down_proj")
+    args = ap.parse_args(argv)
+    from omni_quant.convert import ConversionError, convert
+
+    try:
+        reports = convert(args.src, args.dst, args.group_size, args.keep_bf16)
+    except ConversionError as e:
+        print(f"omni-quant: error: {e}", file=sys.stderr)
+        return 2
+    q = [r for r in reports if r.action == "quantized"]
+    print(f"quantized {len(q)} tensors (min SQNR {min((r.sqnr_db for r in q), default=float('nan')):.1f} dB), "
+          f"copied {len(reports) - len(q)}; report: {args.dst}/quantization_report.json")
+    print(args.dst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

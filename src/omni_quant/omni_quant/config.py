@@ -1,0 +1,164 @@
+"""The ``cpu_int4`` quantization method for vLLM: config and linear method.
+
+Registered with vLLM's ``register_quantization_config`` (vLLM 0.28) in every process by
+omni's general plugin. A checkpoint whose ``config.json`` carries
+``quantization_config.quant_method == "cpu_int4"`` selects it with no flag.
+
+Every ``LinearBase`` subclass (QKV, merged column, column, row, replicated) and the
+``ParallelLMHead`` get :class:`CpuInt4LinearMethod`; the input embedding stays
+unquantized (a lookup). Checkpoint tensors per module (see docs/cpu_int4.md):
+``qweight`` uint8 ``[N, K/2]``, ``scales`` and ``zeros`` ``[N, K/group_size]``.
+At load they are repacked once into torch's CPU int4 layout; the on-disk tensors are
+then dropped, so one layout stays resident.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.linear import (
+    LinearBase,
+    LinearMethodBase,
+    UnquantizedLinearMethod,
+    register_weight_loader_v2_supported_method,
+)
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
+
+from omni_quant.ops import cpu_int4_linear, register_ops
+from omni_quant.packing import FORMAT_VERSION, PackFormat, unpack
+from omni_quant.quant_math import GROUP_SIZES, choose_group_size
+
+__all__ = ["QUANT_METHOD", "CpuInt4Config", "CpuInt4LinearMethod"]
+
+QUANT_METHOD = "cpu_int4"
+
+
+class CpuInt4Config(QuantizationConfig):
+    """``quantization_config`` of a cpu_int4 checkpoint.
+
+    Args:
+        group_size: preferred group size (128, 64 or 32); each module uses the largest
+            supported size <= it that divides its K (recorded per module by the converter).
+        modules_to_not_convert: module names kept in bf16 (e.g. ``lm_head``).
+        format_version: the packing format version (``omni_quant.packing.FORMAT_VERSION``).
+    """
+
+    def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
+                 format_version: int = FORMAT_VERSION, group_size_per_module: dict[str, int] | None = None):
+        super().__init__()
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"cpu_int4: group_size {group_size} is not one of {GROUP_SIZES}")
+        if format_version != FORMAT_VERSION:
+            raise ValueError(
+                f"cpu_int4: checkpoint format_version {format_version}, this omni-quant reads "
+                f"{FORMAT_VERSION}; re-convert with `omni-quant convert` or upgrade omni-quant"
+            )
+        self.group_size = group_size
+        self.modules_to_not_convert = list(modules_to_not_convert or [])
+        self.group_size_per_module = dict(group_size_per_module or {})
+
+    def __repr__(self) -> str:
+        return f"CpuInt4Config(group_size={self.group_size}, modules_to_not_convert={self.modules_to_not_convert})"
+
+    def get_name(self) -> str:
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return -1  # CPU: no GPU compute capability applies
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> CpuInt4Config:
+        bits = config.get("bits", 4)
+        if bits != 4:
+            raise ValueError(f"cpu_int4 supports bits=4 only, the checkpoint says bits={bits}")
+        fmt = config.get("pack_format", PackFormat.NIBBLES_LOW_FIRST.value)
+        if fmt != PackFormat.NIBBLES_LOW_FIRST.value:
+            raise ValueError(f"cpu_int4: unknown pack_format {fmt!r}")
+        return cls(
+            group_size=config.get("group_size", 128),
+            modules_to_not_convert=config.get("modules_to_not_convert"),
+            format_version=config.get("format_version", FORMAT_VERSION),
+            group_size_per_module=config.get("group_size_per_module"),
+        )
+
+    def _skipped(self, prefix: str) -> bool:
+        return any(prefix == m or prefix.endswith("." + m) or prefix.startswith(m + ".") for m in self.modules_to_not_convert)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        if isinstance(layer, ParallelLMHead):
+            return None if self._skipped(prefix) else CpuInt4LinearMethod(self, prefix)
+        if isinstance(layer, LinearBase):
+            return UnquantizedLinearMethod() if self._skipped(prefix) else CpuInt4LinearMethod(self, prefix)
+        return None
+
+
+@register_weight_loader_v2_supported_method
+class CpuInt4LinearMethod(LinearMethodBase):
+    """Weight-only 4-bit linear for CPU through ``torch.ops.omni_quant.cpu_int4_linear``."""
+
+    def __init__(self, config: CpuInt4Config, prefix: str = ""):
+        self.config = config
+        self.prefix = prefix
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs) -> None:
+        """Create ``qweight`` uint8 ``[N, K/2]``, ``scales`` and ``zeros`` ``[N, K/g]`` for this shard.
+
+        Raises:
+            ValueError: the group size does not divide this shard's K (tensor parallelism
+                split K into pieces the groups do not fit).
+        """
+        group_size = choose_group_size(input_size, self.config.group_size, self.prefix or "linear")
+        if input_size_per_partition % group_size or input_size_per_partition % 2:
+            raise ValueError(
+                f"cpu_int4: {self.prefix}: this worker's shard has K={input_size_per_partition} "
+                f"(of {input_size}), not a multiple of group_size={group_size}; use a smaller "
+                "tensor_parallel_size or convert with a smaller --group-size"
+            )
+        weight_loader = extra_weight_attrs["weight_loader"]
+        n = sum(output_partition_sizes)
+        qweight = ModelWeightParameter(
+            data=torch.empty(n, input_size_per_partition // 2, dtype=torch.uint8),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        scales = GroupQuantScaleParameter(
+            data=torch.empty(n, input_size_per_partition // group_size, dtype=params_dtype),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        zeros = GroupQuantScaleParameter(
+            data=torch.empty(n, input_size_per_partition // group_size, dtype=params_dtype),
+            input_dim=1, output_dim=0, weight_loader=weight_loader)
+        layer.register_parameter("qweight", qweight)
+        layer.register_parameter("scales", scales)
+        layer.register_parameter("zeros", zeros)
+        layer.cpu_int4_group_size = group_size
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        """Repack once into torch's CPU int4 layout; drop the on-disk tensors."""
+        register_ops()
+        codes = unpack(layer.qweight.data).to(torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        sz = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], dim=-1).contiguous()
+        del layer.qweight, layer.scales, layer.zeros
+        layer.int4_weight = torch.nn.Parameter(packed, requires_grad=False)
+        layer.int4_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return cpu_int4_linear(x, layer.int4_weight, layer.int4_scales_zeros, layer.cpu_int4_group_size, bias)
+
+    def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):
+        raise ValueError(
+            f"cpu_int4: {self.prefix} is quantized but the config ties it to the input embedding; "
+            "cpu_int4 checkpoints store a quantized output head untied (tie_word_embeddings: false). "
+            "Re-convert with `omni-quant convert`, or keep the head in bf16 with --keep-bf16 lm_head."
+        )

@@ -1,0 +1,250 @@
+"""The checkpoint converter: a bf16/fp16/fp32 Hugging Face Llama-family checkpoint to cpu_int4.
+
+Streams tensor by tensor (``safetensors.safe_open``; output written in shards of at
+most ``SHARD_BYTES``), so peak memory is bounded by one shard plus the largest tensor,
+not by the model. Writes into a temporary directory beside ``DST`` and renames it only
+when complete: a failure leaves nothing at ``DST``.
+
+Tied embeddings (C04): when the output head is tied to the input embedding and not
+named in ``keep_bf16``, the converter writes a quantized ``lm_head`` (made from the
+embedding, or from ``lm_head.weight`` when the checkpoint also carries one) beside the
+bf16 embedding table used for lookups, and sets ``tie_word_embeddings: false``. With
+``keep_bf16=["lm_head"]`` the tie is kept and the head runs in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
+from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
+
+__all__ = ["CONVERTER_VERSION", "ConversionError", "TensorReport", "convert"]
+
+CONVERTER_VERSION = "omni-quant-convert/1"
+SHARD_BYTES = 256 << 20
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+COPIED_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "generation_config", "chat_template", "vocab",
+                        "merges", "added_tokens")
+"""Non-weight files of the source carried over (tokenizer and generation settings)."""
+
+
+class ConversionError(RuntimeError):
+    """Input the converter cannot use; the message says what and what to do. Nothing was written."""
+
+
+@dataclass
+class TensorReport:
+    """One output tensor: name, shape ``[N, K]``, group size (None when copied), SQNR dB, bytes in and out."""
+
+    name: str
+    shape: list[int]
+    action: str
+    group_size: int | None
+    sqnr_db: float | None
+    bytes_in: int
+    bytes_out: int
+
+
+def _is_quantizable(name: str) -> bool:
+    module = name.rsplit(".", 1)[0]
+    return name.endswith(".weight") and (module.split(".")[-1] in LINEAR_MODULES or module == "lm_head")
+
+
+def _open_sources(src: Path) -> list[Path]:
+    index = src / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError) as e:
+            raise ConversionError(f"{index} is not a valid safetensors index: {e}") from e
+        paths = [src / f for f in files]
+    elif (src / "model.safetensors").is_file():
+        paths = [src / "model.safetensors"]
+    else:
+        raise ConversionError(f"{src} holds no model.safetensors (nor an index); convert a safetensors checkpoint")
+    for p in paths:
+        if not p.is_file():
+            raise ConversionError(f"{p} is listed by the index but missing")
+    return paths
+
+
+class _ShardWriter:
+    def __init__(self, out: Path):
+        self.out = out
+        self.pending: dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.files: list[str] = []
+        self.weight_map: dict[str, str] = {}
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        self.pending[name] = t.contiguous()
+        self.pending_bytes += t.numel() * t.element_size()
+        if self.pending_bytes >= SHARD_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        from safetensors.torch import save_file
+
+        if not self.pending:
+            return
+        fname = f"model-{len(self.files) + 1:05d}.safetensors"
+        save_file(self.pending, str(self.out / fname), metadata={"format": "pt"})
+        self.files.append(fname)
+        for k in self.pending:
+            self.weight_map[k] = fname
+        self.pending, self.pending_bytes = {}, 0
+
+    def finish(self) -> None:
+        self.flush()
+        (self.out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"converter": CONVERTER_VERSION}, "weight_map": self.weight_map}, indent=1))
+
+
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size: int = 128,
+            keep_bf16: list[str] | None = None) -> list[TensorReport]:
+    """Convert ``src`` to a cpu_int4 checkpoint at ``dst``; returns the per-tensor report.
+
+    Raises:
+        ConversionError: missing or corrupt input, unsupported architecture or dtype, an
+            existing ``dst``, an untied config without ``lm_head.weight``, or a K no
+            supported group size divides. ``dst`` does not exist afterwards then.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    src, dst = Path(src), Path(dst)
+    keep = list(keep_bf16 or [])
+    if group_size not in GROUP_SIZES:
+        raise ConversionError(f"--group-size {group_size} is not one of {GROUP_SIZES}")
+    if not src.is_dir():
+        raise ConversionError(f"source {src} is not a directory")
+    if dst.exists():
+        raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
+    cfg_path = src / "config.json"
+    try:
+        config = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise ConversionError(f"{cfg_path} is missing; the source must be a Hugging Face checkpoint") from None
+    except ValueError as e:
+        raise ConversionError(f"{cfg_path} is not valid JSON: {e}") from e
+    archs = config.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ConversionError(f"architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if "quantization_config" in config:
+        raise ConversionError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
+                              "convert a bf16/fp16/fp32 checkpoint")
+    sources = _open_sources(src)
+    tied = bool(config.get("tie_word_embeddings", False))
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        reports: list[TensorReport] = []
+        per_module: dict[str, int] = {}
+        writer = _ShardWriter(tmp)
+        names: dict[str, Path] = {}
+        for path in sources:
+            try:
+                with safe_open(str(path), framework="pt") as f:
+                    for k in f.keys():
+                        names[k] = path
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ConversionError(f"{path} is not a readable safetensors file: {e}") from e
+        has_head = "lm_head.weight" in names
+        if not tied and not has_head:
+            raise ConversionError(
+                f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
+                "lm_head.weight; the output head is missing (a truncated or mislabelled checkpoint)")
+        quantize_head = "lm_head" not in keep
+
+        def emit_quantized(module: str, w: torch.Tensor, source_name: str) -> None:
+            if w.dtype not in FLOAT_DTYPES:
+                raise ConversionError(f"{source_name}: dtype {w.dtype} is not supported (bf16, fp16, fp32)")
+            if w.dim() != 2:
+                raise ConversionError(f"{source_name}: expected a 2-D weight, got shape {tuple(w.shape)}")
+            try:
+                g = choose_group_size(w.shape[1], group_size, module)
+            except GroupSizeError as e:
+                raise ConversionError(str(e)) from e
+            q, s, z = quantize(w, g, torch.bfloat16)
+            db = sqnr_db(w, dequantize(q, s, z, torch.float32))
+            writer.add(f"{module}.qweight", pack(q))
+            writer.add(f"{module}.scales", s)
+            writer.add(f"{module}.zeros", z)
+            per_module[module] = g
+            out_bytes = q.numel() // 2 + s.numel() * 2 + z.numel() * 2
+            reports.append(TensorReport(source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}",
+                                        list(w.shape), "quantized", g, round(db, 2), w.numel() * w.element_size(), out_bytes))
+
+        for name, path in sorted(names.items()):
+            with safe_open(str(path), framework="pt") as f:
+                try:
+                    t = f.get_tensor(name)
+                except (SafetensorError, OSError, ValueError) as e:
+                    raise ConversionError(f"{path}: tensor {name} cannot be read: {e}") from e
+            module = name.rsplit(".", 1)[0]
+            if name == "lm_head.weight" and tied and not quantize_head:
+                continue  # tied and kept in bf16: vLLM ties it to the embedding
+            if _is_quantizable(name) and module.split(".")[-1] not in keep and module not in keep:
+                emit_quantized(module, t, name)
+            else:
+                if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
+                    raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
+                writer.add(name, t)
+                nbytes = t.numel() * t.element_size()
+                reports.append(TensorReport(name, list(t.shape), "copied", None, None, nbytes, nbytes))
+            del t
+        if tied and quantize_head and not has_head:
+            embed = next((n for n in names if n.endswith("embed_tokens.weight")), None)
+            if embed is None:
+                raise ConversionError(f"{src}: tied config but no embed_tokens.weight to build lm_head from")
+            with safe_open(str(names[embed]), framework="pt") as f:
+                emit_quantized("lm_head", f.get_tensor(embed), embed)
+        writer.finish()
+
+        out_config = dict(config)
+        if tied and quantize_head:
+            out_config["tie_word_embeddings"] = False
+        out_config["quantization_config"] = {
+            "quant_method": "cpu_int4",
+            "bits": 4,
+            "group_size": group_size,
+            "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
+            "format_version": FORMAT_VERSION,
+            "modules_to_not_convert": keep,
+            "group_size_per_module": per_module,
+            "converter_version": CONVERTER_VERSION,
+        }
+        (tmp / "config.json").write_text(json.dumps(out_config, indent=2) + "\n")
+        for item in src.iterdir():
+            if item.is_file() and item.name.startswith(COPIED_FILE_PREFIXES):
+                shutil.copy2(item, tmp / item.name)
+        quantized = [r for r in reports if r.action == "quantized"]
+        n_weights = sum(r.shape[0] * r.shape[1] for r in quantized)
+        summary = {
+            "converter_version": CONVERTER_VERSION,
+            "source": str(src),
+            "group_size": group_size,
+            "keep_bf16": keep,
+            "tied_head": {"source_tied": tied, "head_quantized": quantize_head},
+            "bits_per_weight": (8 * sum(r.bytes_out for r in quantized) / n_weights) if n_weights else None,
+            "bytes_in": sum(r.bytes_in for r in reports),
+            "bytes_out": sum(r.bytes_out for r in reports),
+            "min_sqnr_db": min((r.sqnr_db for r in quantized), default=None),
+            "tensors": [asdict(r) for r in reports],
+        }
+        (tmp / "quantization_report.json").write_text(json.dumps(summary, indent=1) + "\n")
+        os.rename(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return reports

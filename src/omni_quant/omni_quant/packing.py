@@ -1,0 +1,47 @@
+"""The on-disk packing of cpu_int4 codes, with a format version.
+
+The checkpoint stores codes in a layout of ours, independent of any kernel; the
+linear method repacks them once at load into the layout of the kernel it uses
+(torch's ``_convert_weight_to_int4pack_for_cpu``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+__all__ = ["FORMAT_VERSION", "PackFormat", "pack", "unpack"]
+
+FORMAT_VERSION = 1
+"""1: NIBBLES_LOW_FIRST qweight, bf16 scales and zeros [N, K / group_size]."""
+
+
+class PackFormat(str, Enum):
+    """Byte layouts of packed 4-bit codes."""
+
+    NIBBLES_LOW_FIRST = "nibbles_low_first"
+    """``qweight`` uint8 ``[N, K / 2]``: byte ``j`` of row ``n`` is
+    ``q[n, 2j] | q[n, 2j + 1] << 4`` (code of the even input channel in the low nibble)."""
+
+
+def pack(q: torch.Tensor) -> torch.Tensor:
+    """Codes uint8 ``[N, K]`` in 0..15 -> uint8 ``[N, K / 2]`` (NIBBLES_LOW_FIRST).
+
+    Raises:
+        ValueError: K is odd, the dtype is not uint8, or a code exceeds 15.
+    """
+    if q.dtype != torch.uint8 or q.dim() != 2 or q.shape[1] % 2:
+        raise ValueError(f"expected uint8 codes [N, K] with even K, got {q.dtype} {tuple(q.shape)}")
+    if q.numel() and int(q.max()) > 15:
+        raise ValueError("codes must be in 0..15")
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, K / 2]`` (NIBBLES_LOW_FIRST) -> codes uint8 ``[N, K]``."""
+    n, half = packed.shape
+    out = torch.empty(n, half * 2, dtype=torch.uint8)
+    out[:, 0::2] = packed & 0x0F
+    out[:, 1::2] = packed >> 4
+    return out

@@ -1,0 +1,111 @@
+"""Pure tensor math of cpu_int4: group sizes, quantize, dequantize, a reference matmul, SQNR.
+
+No vLLM import. Weight-only, per-group asymmetric 4-bit quantization (the scheme of
+GPTQ/AWQ "w4a16 with zero point", in the float-zero form of torch's
+``_weight_int4pack_mm_for_cpu``): for each row ``n`` and group of ``group_size``
+consecutive input channels with minimum ``lo`` and maximum ``hi``::
+
+    scale = (hi - lo) / 15            (1 if hi == lo)
+    q     = clamp(round((w - lo) / scale), 0, 15)          uint8 in 0..15
+    zero  = lo + 8 * scale            (the value that code 8 stands for)
+    w'    = (q - 8) * scale + zero    == q * scale + lo
+
+Shapes: ``w`` is ``[N, K]`` (out_features x in_features); ``q`` is ``[N, K]`` uint8;
+``scales`` and ``zeros`` are ``[N, K // group_size]`` in the storage dtype (bf16).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "GROUP_SIZES",
+    "GroupSizeError",
+    "choose_group_size",
+    "dequantize",
+    "quantize",
+    "reference_linear",
+    "sqnr_db",
+]
+
+GROUP_SIZES = (128, 64, 32)
+"""Supported group sizes, largest (fewest bits per weight) first."""
+
+
+class GroupSizeError(ValueError):
+    """No supported group size divides a tensor's K."""
+
+
+def choose_group_size(k: int, preferred: int, name: str = "tensor") -> int:
+    """``preferred`` if it divides ``k``, else the largest smaller supported size that does (C08).
+
+    Raises:
+        GroupSizeError: ``preferred`` is not supported, or no supported size <= it divides ``k``
+            (the message names the tensor and K).
+    """
+    if preferred not in GROUP_SIZES:
+        raise GroupSizeError(f"group size {preferred} is not one of {GROUP_SIZES}")
+    for g in GROUP_SIZES:
+        if g <= preferred and k % g == 0:
+            return g
+    raise GroupSizeError(
+        f"{name}: K={k} is not a multiple of any supported group size <= {preferred} "
+        f"({', '.join(str(g) for g in GROUP_SIZES if g <= preferred)}); keep it in bf16 with --keep-bf16 {name}"
+    )
+
+
+def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16):
+    """Quantize ``w`` ``[N, K]`` per group; returns ``(q uint8 [N, K], scales, zeros)``.
+
+    ``scales``/``zeros`` are ``[N, K // group_size]`` in ``dtype``; ``q`` is computed against
+    the *rounded* scale and zero so that dequantization reproduces what was measured.
+
+    Raises:
+        ValueError: ``w`` is not 2-D, or ``K`` is not a multiple of ``group_size``.
+    """
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight [N, K], got shape {tuple(w.shape)}")
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+    wg = w.detach().float().reshape(n, k // group_size, group_size)
+    lo = wg.amin(dim=-1)
+    hi = wg.amax(dim=-1)
+    scale = (hi - lo) / 15.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    scale_s = scale.to(dtype)
+    zero_s = (lo + 8.0 * scale).to(dtype)
+    s = scale_s.float().unsqueeze(-1)
+    z = zero_s.float().unsqueeze(-1)
+    q = torch.clamp(torch.round((wg - z) / s + 8.0), 0, 15).to(torch.uint8)
+    return q.reshape(n, k), scale_s, zero_s
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
+    """``(q - 8) * scale + zero`` per group; returns ``[N, K]`` in ``dtype``."""
+    n, k = q.shape
+    groups = scales.shape[1]
+    g = k // groups
+    w = (q.float().reshape(n, groups, g) - 8.0) * scales.float().unsqueeze(-1) + zeros.float().unsqueeze(-1)
+    return w.reshape(n, k).to(dtype)
+
+
+def reference_linear(x: torch.Tensor, q, scales, zeros, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference ``x @ dequantize(q).T (+ bias)`` in float32, cast to ``x.dtype``. ``x`` is ``[..., K]``."""
+    w = dequantize(q, scales, zeros, torch.float32)
+    y = x.float() @ w.T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio, dB: 10 log10(sum ref^2 / sum (ref - approx)^2)."""
+    ref = reference.float()
+    noise = (ref - approx.float()).pow(2).sum().item()
+    signal = ref.pow(2).sum().item()
+    if noise == 0:
+        return float("inf")
+    if signal == 0:
+        return float("-inf")
+    return 10.0 * torch.log10(torch.tensor(signal / noise)).item()
