@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.omni-setup
-MODEL  ?= smollm2-135m
+MODEL  ?= smollm2-135m-int4
 PORT   ?= 8000
 PYTEST_ARGS ?=
 
@@ -50,13 +50,13 @@ $(LCP_STAMP): $(STAMP)
 	touch $(LCP_STAMP)
 
 bench: $(STAMP) $(LCP_STAMP)
-	$(PY) -m harness.models fetch smollm2-135m
+	$(PY) -m harness.models fetch smollm2-135m-int4
 	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb --cores $(CORES) --out $(BENCH_OUT) --timeout 900
 	$(PY) harness/results.py plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
 
 test: $(STAMP) $(LCP_STAMP)
-	$(PY) -m harness.models fetch smollm2-135m
+	$(PY) -m harness.models fetch smollm2-135m-int4
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 clean:

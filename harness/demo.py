@@ -76,7 +76,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the model answered, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--model", default="smollm2-135m-int4", help="a harness.models name (default: the cpu_int4 checkpoint)")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")

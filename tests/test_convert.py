@@ -1,0 +1,150 @@
+"""omni-quant convert: tiny synthetic checkpoints (C04, C08) and bad inputs."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from omni_quant.convert import ConversionError, convert
+
+OMNI_QUANT = str(Path(sys.executable).with_name("omni-quant"))
+
+
+def write_checkpoint(path: Path, *, hidden=128, inter=256, vocab=512, layers=1, tied=True, with_head=False,
+                     drop=(), dtype=torch.bfloat16, extra=None) -> Path:
+    """A Llama checkpoint written tensor by tensor (no transformers), for converter tests."""
+    path.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    t = {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g), "model.norm.weight": torch.ones(hidden)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        for name, shape in [("self_attn.q_proj", (hidden, hidden)), ("self_attn.k_proj", (hidden // 2, hidden)),
+                            ("self_attn.v_proj", (hidden // 2, hidden)), ("self_attn.o_proj", (hidden, hidden)),
+                            ("mlp.gate_proj", (inter, hidden)), ("mlp.up_proj", (inter, hidden)),
+                            ("mlp.down_proj", (hidden, inter))]:
+            t[p + name + ".weight"] = torch.randn(*shape, generator=g) * 0.05
+        t[p + "input_layernorm.weight"] = torch.ones(hidden)
+        t[p + "post_attention_layernorm.weight"] = torch.ones(hidden)
+    if with_head:
+        t["lm_head.weight"] = t["model.embed_tokens.weight"].clone()
+    t.update(extra or {})
+    t = {k: v.to(dtype) if v.is_floating_point() else v for k, v in t.items() if k not in drop}
+    save_file(t, str(path / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+              "intermediate_size": inter, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": layers, "vocab_size": vocab, "tie_word_embeddings": tied,
+              "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16"}
+    (path / "config.json").write_text(json.dumps(config))
+    (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
+def _tensors(dst: Path) -> dict:
+    out = {}
+    for f in sorted(dst.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def test_c04_tied_head_is_quantized_by_default(tmp_path):
+    src = write_checkpoint(tmp_path / "src", tied=True)
+    convert(src, tmp_path / "dst")
+    t = _tensors(tmp_path / "dst")
+    assert {"lm_head.qweight", "lm_head.scales", "lm_head.zeros"} <= set(t)
+    assert "lm_head.weight" not in t and t["model.embed_tokens.weight"].dtype == torch.bfloat16
+    cfg = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "cpu_int4" and qc["bits"] == 4 and qc["modules_to_not_convert"] == []
+    assert qc["converter_version"] and qc["group_size_per_module"]["lm_head"] == 128
+    report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
+    head = [r for r in report["tensors"] if r["name"].startswith("lm_head")][0]
+    assert head["action"] == "quantized" and head["sqnr_db"] > 15
+    assert 4.0 < report["bits_per_weight"] < 4.3  # 4 bits + two bf16 per 128 weights
+    assert (tmp_path / "dst" / "tokenizer_config.json").exists()
+
+
+def test_c04_head_kept_in_bf16_only_when_named(tmp_path):
+    src = write_checkpoint(tmp_path / "src", tied=True)
+    convert(src, tmp_path / "dst", keep_bf16=["lm_head"])
+    t = _tensors(tmp_path / "dst")
+    assert not any(k.startswith("lm_head") for k in t)
+    cfg = json.loads((tmp_path / "dst" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is True and cfg["quantization_config"]["modules_to_not_convert"] == ["lm_head"]
+
+
+def test_c04_tied_config_that_also_carries_lm_head(tmp_path):
+    src = write_checkpoint(tmp_path / "src", tied=True, with_head=True)
+    convert(src, tmp_path / "dst")
+    assert "lm_head.qweight" in _tensors(tmp_path / "dst")
+
+
+def test_c04_untied_without_lm_head_names_it(tmp_path):
+    src = write_checkpoint(tmp_path / "src", tied=False)
+    with pytest.raises(ConversionError, match="lm_head"):
+        convert(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_c08_k_not_multiple_of_128_gets_a_recorded_smaller_group(tmp_path):
+    src = write_checkpoint(tmp_path / "src", hidden=192, inter=384)  # K=192 = 3 x 64
+    convert(src, tmp_path / "dst")
+    per = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]["group_size_per_module"]
+    assert per["model.layers.0.self_attn.q_proj"] == 64 and per["model.layers.0.mlp.down_proj"] == 128
+
+
+def test_c08_k_no_group_divides_is_refused_at_conversion(tmp_path):
+    src = write_checkpoint(tmp_path / "src", hidden=144, inter=200)  # 200 is no multiple of 32
+    with pytest.raises(ConversionError, match=r"down_proj: K=200"):
+        convert(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("case", ["missing_dir", "no_config", "bad_json", "no_weights", "corrupt", "truncated",
+                                  "int_dtype", "arch", "exists", "already_quantized"])
+def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
+    src = tmp_path / "src"
+    dst = tmp_path / "out" / "dst"
+    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing", "bad_json": "not valid JSON",
+              "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
+              "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
+              "arch": "not supported", "exists": "exists", "already_quantized": "already quantized"}[case]
+    if case != "missing_dir":
+        write_checkpoint(src)
+    if case == "no_config":
+        (src / "config.json").unlink()
+    elif case == "bad_json":
+        (src / "config.json").write_text("{")
+    elif case == "no_weights":
+        (src / "model.safetensors").unlink()
+    elif case == "corrupt":
+        (src / "model.safetensors").write_bytes(b"\x00" * 100)
+    elif case == "truncated":
+        data = (src / "model.safetensors").read_bytes()
+        (src / "model.safetensors").write_bytes(data[: len(data) // 3])
+    elif case == "int_dtype":
+        (src / "model.safetensors").unlink()
+        shutil_src = tmp_path / "tmp2"
+        write_checkpoint(shutil_src, extra={"model.layers.0.mlp.gate_proj.weight": torch.ones(256, 128, dtype=torch.int32)})
+        (shutil_src / "model.safetensors").rename(src / "model.safetensors")
+    elif case == "arch":
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["architectures"] = ["BertModel"]
+        (src / "config.json").write_text(json.dumps(cfg))
+    elif case == "exists":
+        dst.mkdir(parents=True)
+    elif case == "already_quantized":
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": "awq"}
+        (src / "config.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert expect in proc.stderr
+    leftovers = sorted(p.name for p in (tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
+    assert leftovers == ([] if case != "exists" else ["dst"])
+    if case == "exists":
+        assert list(dst.iterdir()) == []

@@ -1,0 +1,95 @@
+"""cpu_int4 in the real vLLM process layout: SmolLM2 converted, and a tiny model under TP=2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, clean_env, run_engine
+
+pytestmark = pytest.mark.engine
+
+OMNI = "omni_platform.platform.OmniPlatform"
+PROMPTS = [
+    "Once upon a time",
+    "The three primary colors are",
+    "def fibonacci(n):",
+    "The capital of France is",
+    "To make a cup of tea,",
+    "Photosynthesis is",
+    "User: What is 2 + 2?\nAssistant:",
+    "import numpy as np\n",
+]
+
+
+@pytest.fixture(scope="module")
+def int4_model(real_model):
+    from harness.models import fetch
+
+    return fetch("smollm2-135m-int4")
+
+
+@pytest.fixture(scope="module")
+def int4_run(int4_model):
+    """C05 + C09: explicit quantization="cpu_int4", a script that imports nothing of omni before LLM()."""
+    config = {"llm": {"model": str(int4_model), "enforce_eager": True, "quantization": "cpu_int4",
+                      "max_num_seqs": 8, "max_model_len": 512},
+              "prompts": PROMPTS, "max_tokens": 32, "also_alone": True, "ledger": True}
+    return run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+
+
+def test_c05_registration_reaches_engine_core_and_worker(int4_run):
+    (worker,) = int4_run["workers"]
+    assert worker["platform"] == OMNI and "quant" in worker["extensions"]
+    assert worker["head_quant_method"] == "CpuInt4LinearMethod"
+    assert all(len(t) == 32 for t in int4_run["token_ids"])
+    assert int4_run["texts"][0].strip()
+
+
+def test_c09_eight_concurrent_requests_equal_each_alone(int4_run):
+    assert int4_run["alone_token_ids"] == int4_run["token_ids"]
+
+
+def test_output_head_runs_in_4_bits_with_no_bf16_copy(int4_run):
+    (ledger,) = int4_run["ledgers"]
+    head = ledger["groups"].get("output_head")
+    bf16_head_bytes = 49152 * 576 * 2
+    assert head and head["bytes"] < 0.35 * bf16_head_bytes, head
+    big_bf16 = [e for e in ledger["largest"] if e["dtype"] == "bfloat16" and e["bytes"] >= bf16_head_bytes]
+    assert [e["group"] for e in big_bf16] == ["embedding"], big_bf16  # only the lookup table
+
+
+def test_c05_method_selected_from_the_config_alone(int4_model):
+    config = {"llm": {"model": str(int4_model), "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 2},
+              "prompts": PROMPTS[:1], "max_tokens": 8}
+    run = run_engine(config, clean_env())  # VLLM_PLUGINS unset, no quantization flag
+    assert run["workers"][0]["head_quant_method"] == "CpuInt4LinearMethod"
+    assert "quantization=cpu_int4" in run.log
+
+
+def test_fidelity_against_bf16(real_model, int4_model):
+    proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "--ref", str(real_model), "--test", str(int4_model)],
+                          env=clean_env(VLLM_PLUGINS="omni"), capture_output=True, text=True, timeout=1800, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"fidelity: {result}")
+    assert result["positions"] >= 16 * 31
+    assert result["top1_agreement"] >= 0.85, result
+
+
+def test_tp2_equals_tp1_on_a_converted_tiny_model(tiny_llama, tmp_path_factory):
+    from omni_quant.convert import convert
+
+    dst = tmp_path_factory.mktemp("tiny-int4") / "ckpt"
+    convert(tiny_llama, dst, group_size=64)  # row-parallel shards of K=128 are 64 wide under TP=2
+
+    def run(tp):
+        config = {"llm": {"model": str(dst), "enforce_eager": True, "skip_tokenizer_init": True,
+                          "tensor_parallel_size": tp, "max_model_len": 256, "max_num_seqs": 4, "dtype": "float32"},
+                  "prompts": [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12, 400]], "max_tokens": 24}
+        return run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+
+    tp1, tp2 = run(1), run(2)
+    assert len(tp2["workers"]) == 2
+    assert all(w["head_quant_method"] == "CpuInt4LinearMethod" for w in tp2["workers"])
+    assert tp2["token_ids"] == tp1["token_ids"]

@@ -1,0 +1,79 @@
+"""cpu_int4 tensor math and packing: properties over shapes, group sizes and extremes."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from omni_quant.packing import pack, unpack
+from omni_quant.quant_math import (
+    GROUP_SIZES,
+    GroupSizeError,
+    choose_group_size,
+    dequantize,
+    quantize,
+    reference_linear,
+    sqnr_db,
+)
+
+shapes = st.tuples(st.integers(1, 24), st.sampled_from([32, 64, 96, 128, 192, 256, 576]))
+
+
+@given(st.integers(1, 16), st.integers(1, 64).map(lambda h: 2 * h), st.integers(0, 2**31 - 1))
+def test_pack_unpack_round_trip(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    packed = pack(q)
+    assert packed.shape == (n, k // 2) and packed.dtype == torch.uint8
+    assert torch.equal(unpack(packed), q)
+
+
+def test_pack_refuses_codes_above_15():
+    with pytest.raises(ValueError, match="0..15"):
+        pack(torch.full((1, 2), 16, dtype=torch.uint8))
+
+
+@given(shapes, st.sampled_from(GROUP_SIZES), st.sampled_from([1e-3, 1.0, 1e3]), st.integers(0, 2**31 - 1))
+def test_error_bounded_by_half_a_step(shape, g, magnitude, seed):
+    n, k = shape
+    if k % g:
+        g = choose_group_size(k, 128)
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * magnitude
+    q, s, z = quantize(w, g, torch.float32)
+    w2 = dequantize(q, s, z, torch.float32)
+    step = s.repeat_interleave(g, dim=1)
+    assert (w - w2).abs().le(step * 0.5 + 1e-6 * magnitude).all()
+
+
+@pytest.mark.parametrize("g", GROUP_SIZES)
+def test_extremes_constant_zero_and_large_groups(g):
+    w = torch.cat([torch.zeros(1, g), torch.full((1, g), 3.25), torch.full((1, g), -7e4),
+                   torch.linspace(-6e4, 6e4, g).unsqueeze(0)])
+    q, s, z = quantize(w, g, torch.float32)
+    w2 = dequantize(q, s, z, torch.float32)
+    assert torch.equal(w2[0], w[0]) and torch.allclose(w2[1], w[1]) and torch.allclose(w2[2], w[2])
+    assert (w2[3] - w[3]).abs().max() <= (1.2e5 / 15) / 2 * 1.001
+
+
+@pytest.mark.parametrize("g", GROUP_SIZES)
+def test_sqnr_of_gaussian_weights_in_bf16_storage(g):
+    w = torch.randn(256, 576 if 576 % g == 0 else 512, generator=torch.Generator().manual_seed(0))
+    q, s, z = quantize(w, g)
+    assert sqnr_db(w, dequantize(q, s, z, torch.float32)) > 17.0  # ~4 bits of signal
+
+
+def test_c08_group_size_rule():
+    assert choose_group_size(1536, 128) == 128
+    assert choose_group_size(576, 128, "q_proj") == 64  # SmolLM2: 576 = 9 x 64
+    assert choose_group_size(96, 128) == 32
+    with pytest.raises(GroupSizeError, match="model.x.weight: K=100"):
+        choose_group_size(100, 128, "model.x.weight")
+
+
+def test_reference_linear_is_x_times_dequantized_transpose():
+    w = torch.randn(8, 64)
+    q, s, z = quantize(w, 32, torch.float32)
+    x = torch.randn(3, 64)
+    bias = torch.randn(8)
+    torch.testing.assert_close(reference_linear(x, q, s, z, bias), x @ dequantize(q, s, z, torch.float32).T + bias)
