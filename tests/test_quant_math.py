@@ -40,10 +40,24 @@ def test_error_bounded_by_half_a_step(shape, g, magnitude, seed):
         g = choose_group_size(k, 128)
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen) * magnitude
-    q, s, z = quantize(w, g, torch.float32)
+    q, s, z = quantize(w, g, torch.float32, refine_steps=0)  # the plain min/max grid
     w2 = dequantize(q, s, z, torch.float32)
     step = s.repeat_interleave(g, dim=1)
     assert (w - w2).abs().le(step * 0.5 + 1e-6 * magnitude).all()
+
+
+@given(shapes, st.sampled_from(GROUP_SIZES), st.integers(0, 2**31 - 1))
+def test_refinement_never_increases_a_groups_error(shape, g, seed):
+    n, k = shape
+    if k % g:
+        g = choose_group_size(k, 128)
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed))
+
+    def group_err(refine):
+        q, s, z = quantize(w, g, torch.bfloat16, refine_steps=refine)
+        return (dequantize(q, s, z, torch.float32) - w).pow(2).reshape(n, k // g, g).sum(-1)
+
+    assert (group_err(3) <= group_err(0) * (1 + 1e-5) + 1e-12).all()
 
 
 @pytest.mark.parametrize("g", GROUP_SIZES)

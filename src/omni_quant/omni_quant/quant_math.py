@@ -54,10 +54,17 @@ def choose_group_size(k: int, preferred: int, name: str = "tensor") -> int:
     )
 
 
-def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16):
+def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16, refine_steps: int = 3):
     """Quantize ``w`` ``[N, K]`` per group; returns ``(q uint8 [N, K], scales, zeros)``.
 
-    ``scales``/``zeros`` are ``[N, K // group_size]`` in ``dtype``; ``q`` is computed against
+    Starts from the min/max grid above, then refines each group ``refine_steps`` times by
+    least squares: with the codes fixed, the scale and offset minimizing the squared error
+    have a closed form (a 1-D linear regression of ``w`` on ``q``); the codes are then
+    rounded again on the new grid. A refinement is kept only where it lowers the group's
+    squared error. (The iterative min/scale fit of llama.cpp's ``make_qkx`` family, ggml
+    ``ggml-quants.c``, in closed form.)
+
+    ``scales``/``zeros`` are ``[N, K // group_size]`` in ``dtype``; codes are computed against
     the *rounded* scale and zero so that dequantization reproduces what was measured.
 
     Raises:
@@ -73,12 +80,35 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     hi = wg.amax(dim=-1)
     scale = (hi - lo) / 15.0
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+
+    def codes_and_error(scale: torch.Tensor, offset: torch.Tensor):
+        # offset = value of code 0; stored as zero = offset + 8 * scale (code 8's value)
+        s_r = scale.to(dtype).float()
+        z_r = (offset + 8.0 * scale).to(dtype).float()
+        q = torch.clamp(torch.round((wg - z_r.unsqueeze(-1)) / s_r.unsqueeze(-1) + 8.0), 0, 15)
+        err = ((q - 8.0) * s_r.unsqueeze(-1) + z_r.unsqueeze(-1) - wg).pow(2).sum(-1)
+        return q, err
+
+    offset = lo
+    q, err = codes_and_error(scale, offset)
+    for _ in range(refine_steps):
+        qm = q.mean(-1, keepdim=True)
+        wm = wg.mean(-1, keepdim=True)
+        var = (q - qm).pow(2).sum(-1)
+        cov = ((q - qm) * (wg - wm)).sum(-1)
+        ok = var > 0
+        new_scale = torch.where(ok, cov / torch.where(ok, var, torch.ones_like(var)), scale)
+        new_scale = torch.where(new_scale > 0, new_scale, scale)
+        new_offset = (wm.squeeze(-1) - new_scale * qm.squeeze(-1))
+        q2, err2 = codes_and_error(new_scale, new_offset)
+        better = err2 < err
+        scale = torch.where(better, new_scale, scale)
+        offset = torch.where(better, new_offset, offset)
+        q = torch.where(better.unsqueeze(-1), q2, q)
+        err = torch.where(better, err2, err)
     scale_s = scale.to(dtype)
-    zero_s = (lo + 8.0 * scale).to(dtype)
-    s = scale_s.float().unsqueeze(-1)
-    z = zero_s.float().unsqueeze(-1)
-    q = torch.clamp(torch.round((wg - z) / s + 8.0), 0, 15).to(torch.uint8)
-    return q.reshape(n, k), scale_s, zero_s
+    zero_s = (offset + 8.0 * scale).to(dtype)
+    return q.to(torch.uint8).reshape(n, k), scale_s, zero_s
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.bfloat16):
