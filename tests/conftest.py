@@ -70,3 +70,11 @@ def tiny_llama(tmp_path_factory) -> Path:
     from omni_platform.probe import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def int4_model_dir(real_model) -> Path:
+    """SmolLM2-135M converted to cpu_int4 (harness.models, cached)."""
+    from harness.models import fetch
+
+    return fetch("smollm2-135m-int4")

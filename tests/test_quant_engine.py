@@ -5,11 +5,11 @@ import subprocess
 import sys
 
 import pytest
+from omni_platform import PLATFORM_QUALNAME as OMNI
 from conftest import REPO, clean_env, run_engine
 
 pytestmark = pytest.mark.engine
 
-OMNI = "omni_platform.platform.OmniPlatform"
 PROMPTS = [
     "Once upon a time",
     "The three primary colors are",
@@ -23,16 +23,9 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def int4_model(real_model):
-    from harness.models import fetch
-
-    return fetch("smollm2-135m-int4")
-
-
-@pytest.fixture(scope="module")
-def int4_run(int4_model):
+def int4_run(int4_model_dir):
     """C05 + C09: explicit quantization="cpu_int4", a script that imports nothing of omni before LLM()."""
-    config = {"llm": {"model": str(int4_model), "enforce_eager": True, "quantization": "cpu_int4",
+    config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "quantization": "cpu_int4",
                       "max_num_seqs": 8, "max_model_len": 512},
               "prompts": PROMPTS, "max_tokens": 32, "also_alone": True, "ledger": True}
     return run_engine(config, clean_env(VLLM_PLUGINS="omni"))
@@ -59,16 +52,16 @@ def test_output_head_runs_in_4_bits_with_no_bf16_copy(int4_run):
     assert [e["group"] for e in big_bf16] == ["embedding"], big_bf16  # only the lookup table
 
 
-def test_c05_method_selected_from_the_config_alone(int4_model):
-    config = {"llm": {"model": str(int4_model), "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 2},
+def test_c05_method_selected_from_the_config_alone(int4_model_dir):
+    config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 2},
               "prompts": PROMPTS[:1], "max_tokens": 8}
     run = run_engine(config, clean_env())  # VLLM_PLUGINS unset, no quantization flag
     assert run["workers"][0]["head_quant_method"] == "CpuInt4LinearMethod"
     assert "quantization=cpu_int4" in run.log
 
 
-def test_fidelity_against_bf16(real_model, int4_model):
-    proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "--ref", str(real_model), "--test", str(int4_model)],
+def test_fidelity_against_bf16(real_model, int4_model_dir):
+    proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "--ref", str(real_model), "--test", str(int4_model_dir)],
                           env=clean_env(VLLM_PLUGINS="omni"), capture_output=True, text=True, timeout=1800, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -4,11 +4,11 @@ import json
 import re
 
 import pytest
+from omni_platform import PLATFORM_QUALNAME as OMNI
 from conftest import clean_env, run_engine
 
 pytestmark = pytest.mark.engine
 
-OMNI = "omni_platform.platform.OmniPlatform"
 PROMPTS = [
     "Once upon a time",
     "The three primary colors are",

@@ -1,6 +1,8 @@
 """The ``patches`` hook of the ``omni.extensions`` group, run by omni's general plugin.
 
-The patches themselves are issue 5; so far the hook applies none.
+Runs in every vLLM process (front end, engine core, worker): the KV patch acts in the
+front end, the AOT and memory patches in the worker. Refuses loudly (raises
+``PatchRefused``) rather than becoming a silent no-op.
 """
 
 from __future__ import annotations
@@ -9,4 +11,7 @@ __all__ = ["register"]
 
 
 def register() -> None:
-    """Apply omni-patches in this process (none yet)."""
+    """Apply omni-patches in this process."""
+    from omni_patches.apply import apply_all
+
+    apply_all()

@@ -83,6 +83,24 @@ SETTINGS: dict[str, Setting] = {
             "appends one JSON line (pid, parent pid, role, platform, extensions).",
         ),
         Setting(
+            "OMNI_PATCH_AOT_CACHE_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_aot_compile_cache_load (when installed).",
+        ),
+        Setting(
+            "OMNI_PATCH_KV_CACHE_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_explicit_kv_cache_memory (when installed).",
+        ),
+        Setting(
+            "OMNI_PATCH_RELEASE_MEMORY_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_release_memory_after_load (when installed).",
+        ),
+        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _int,
             None,

@@ -20,7 +20,7 @@ def worker_report(worker: Any) -> dict[str, Any]:
     """Describe the worker process this runs in (call through ``collective_rpc``).
 
     Returns a JSON-able dict: ``pid``, ``ppid``, ``platform`` (dotted class name),
-    ``affinity`` (CPU ids the main thread may run on), ``threads_cpus`` (union over
+    ``rss_anon`` (bytes), ``affinity`` (CPU ids the main thread may run on), ``threads_cpus`` (union over
     all threads: the CPUs the OpenMP pool is bound to), ``torch_threads``, the OpenMP
     variables, ``extensions`` active in the worker, ``patches`` applied (when
     omni-patches is installed), and ``kv_cache`` with ``num_blocks`` and ``bytes``
@@ -47,6 +47,7 @@ def worker_report(worker: Any) -> dict[str, Any]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "threads_cpus": _threads_cpus(),
         "torch_threads": torch.get_num_threads(),
+        "rss_anon": _rss_anon(),
         "omp_env": {k: os.environ.get(k) for k in _OMP_VARS},
         "extensions": sorted(active_extensions()),
         "kv_cache": kv,
@@ -77,6 +78,15 @@ def _head_info(worker: Any) -> dict[str, Any]:
         "head_quant_method": type(method).__name__ if method is not None else None,
         "head_tied": tied,
     }
+
+
+def _rss_anon() -> int:
+    """RssAnon of this process, bytes (``/proc/self/status``)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
 
 
 def _threads_cpus() -> list[int]:

@@ -1,0 +1,67 @@
+"""``omni-patches status [--worker] [--json]``: each patch's state here and inside a real worker.
+
+Per patch: target found, fingerprint matching, switched on, applied in this process and
+(``--worker``) applied in the worker of a minimal engine (a tiny random Llama). Exit 1
+when a switched-on patch is not applied (or cannot be).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict
+
+__all__ = ["main"]
+
+
+def _worker_applied() -> list[str]:
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from vllm import LLM
+
+    from omni_platform.probe import make_tiny_llama, worker_report
+
+    with tempfile.TemporaryDirectory(prefix="omni-patches-") as tmp:
+        llm = LLM(model=str(make_tiny_llama(tmp)), enforce_eager=True, skip_tokenizer_init=True,
+                  max_model_len=256, max_num_seqs=1)
+        try:
+            return llm.collective_rpc(worker_report)[0]["patches"] or []
+        finally:
+            llm.llm_engine.engine_core.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="omni-patches", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    st = sub.add_parser("status")
+    st.add_argument("--worker", action="store_true")
+    st.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from omni_patches.apply import apply_all, status
+    from omni_patches.guards import PatchRefused, installed_vllm_version
+
+    error = None
+    try:
+        apply_all()
+    except PatchRefused as e:
+        error = str(e)
+    rows = [asdict(s) for s in status()]
+    worker = _worker_applied() if args.worker and error is None else None
+    for r in rows:
+        r["applied_in_worker"] = None if worker is None else r["name"] in worker
+    bad = error is not None or any(r["enabled"] and (not r["applied"] or r["applied_in_worker"] is False) for r in rows)
+    if args.json:
+        print(json.dumps({"vllm": installed_vllm_version(), "error": error, "patches": rows}))
+    else:
+        print(f"vLLM {installed_vllm_version()}" + (f"  REFUSED: {error}" if error else ""))
+        for r in rows:
+            w = "" if r["applied_in_worker"] is None else f"  worker: {'applied' if r['applied_in_worker'] else 'NOT applied'}"
+            print(f"  {r['name']:40s} found={r['targets_found']} fingerprint={r['fingerprints_match']} "
+                  f"on={r['enabled']} applied={r['applied']}{w}" + (f"  ({r['detail']})" if r["detail"] else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

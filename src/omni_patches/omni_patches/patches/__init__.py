@@ -1,0 +1,37 @@
+"""The patches, each a :class:`Patch`: a target, the fingerprint it was written for, a switch."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MARKER", "Patch", "all_patches"]
+
+MARKER = "__omni_patch__"
+"""Attribute set on every replacement function: its value is the patch name (idempotence)."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One monkey-patch.
+
+    ``targets`` maps ``"module:Qualified.attr"`` to the sha256 of its source in the
+    supported vLLM; ``make`` receives the originals (same order) and returns the
+    replacements; ``disable_env`` switches the patch off when set to ``1``.
+    """
+
+    name: str
+    targets: dict[str, str]
+    make: Callable[..., list[Any]]
+    disable_env: str
+    doc: str
+
+
+def all_patches() -> list[Patch]:
+    """The three patches, in application order."""
+    from omni_patches.patches.aot_cache import PATCH as AOT
+    from omni_patches.patches.kv_cache import PATCH as KV
+    from omni_patches.patches.release_memory import PATCH as RELEASE
+
+    return [AOT, KV, RELEASE]

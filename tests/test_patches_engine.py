@@ -1,0 +1,59 @@
+"""Each patch in the real process layout: the upstream bug with the patch off, its absence with it on."""
+
+import re
+
+import pytest
+from conftest import clean_env, run_engine
+
+pytestmark = pytest.mark.engine
+
+MiB = 1 << 20
+SMOLLM2_BLOCK = 30 * 2 * 128 * 3 * 64 * 2  # bytes of one 128-token KV block, bf16
+
+
+def _kv_run(model, **env):
+    config = {"llm": {"model": str(model), "enforce_eager": True, "max_model_len": 512,
+                      "kv_cache_memory_bytes": 256 * MiB}, "prompts": ["Hello"], "max_tokens": 4}
+    return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CPU_KVCACHE_SPACE="1", **env))
+
+
+def test_c01_explicit_kv_cache_memory_bytes_wins(real_model):
+    on = _kv_run(real_model)
+    assert on["workers"][0]["kv_cache"]["num_blocks"] == (256 * MiB) // SMOLLM2_BLOCK
+    assert "kv_cache_memory_bytes=268435456 (explicit) wins over VLLM_CPU_KVCACHE_SPACE=1" in on.log
+    assert "_patch_cpu_explicit_kv_cache_memory" in on["workers"][0]["patches"]
+
+
+def test_c01_bug_without_the_patch(real_model):
+    off = _kv_run(real_model, OMNI_PATCH_KV_CACHE_OFF="1")
+    assert off["workers"][0]["kv_cache"]["num_blocks"] == (1 << 30) // SMOLLM2_BLOCK  # 1 GiB: the env won
+
+
+def test_release_memory_after_load_lowers_worker_rss_anon(int4_model_dir):
+    def run(**env):
+        config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "max_model_len": 512,
+                          "kv_cache_memory_bytes": 256 * MiB}, "prompts": ["Hello"], "max_tokens": 4}
+        return run_engine(config, clean_env(VLLM_PLUGINS="omni", **env))
+
+    on, off = run(), run(OMNI_PATCH_RELEASE_MEMORY_OFF="1")
+    saved = off["workers"][0]["rss_anon"] - on["workers"][0]["rss_anon"]
+    print(f"worker RssAnon: {on['workers'][0]['rss_anon'] / MiB:.0f} MiB with the patch, "
+          f"{off['workers'][0]['rss_anon'] / MiB:.0f} MiB without")
+    assert saved > 50 * MiB, saved / MiB
+    assert re.search(r"returned [\d.]+ MiB to the OS after weight loading", on.log)
+
+
+def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama, tmp_path):
+    """Compiled mode (the point of this test) on the tiny model: two starts per setting."""
+    def start(cache, **env):
+        config = {"llm": {"model": str(tiny_llama), "skip_tokenizer_init": True, "max_model_len": 256,
+                          "max_num_seqs": 2, "dtype": "float32"}, "prompts": [[1, 5, 9, 33]], "max_tokens": 8}
+        return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache), **env))
+
+    off1, off2 = start(tmp_path / "off", OMNI_PATCH_AOT_CACHE_OFF="1"), start(tmp_path / "off", OMNI_PATCH_AOT_CACHE_OFF="1")
+    assert "Compiling model again due to a load failure" in off2.log
+    assert "finalize_loading" in off2.log
+    on1, on2 = start(tmp_path / "on"), start(tmp_path / "on")
+    assert "Directly load AOT compilation" in on2.log
+    assert "Compiling model again" not in on2.log
+    assert on2["token_ids"] == on1["token_ids"] == off1["token_ids"]
