@@ -11,36 +11,45 @@ MiB = 1 << 20
 SMOLLM2_BLOCK = 30 * 2 * 128 * 3 * 64 * 2  # bytes of one 128-token KV block, bf16
 
 
-def _kv_run(model, **env):
-    config = {"llm": {"model": str(model), "enforce_eager": True, "max_model_len": 512,
-                      "kv_cache_memory_bytes": 256 * MiB}, "prompts": ["Hello"], "max_tokens": 4}
-    return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CPU_KVCACHE_SPACE="1", **env))
+@pytest.fixture(scope="module")
+def int4_runs(int4_model_dir):
+    """The cpu_int4 SmolLM2 with VLLM_CPU_KVCACHE_SPACE=1 and kv_cache_memory_bytes=256 MiB:
+    all patches on, the KV patch off, the release patch off. No quantization flag: C05's
+    "method from the config alone" holds in every run."""
+    def run(**env):
+        config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "max_model_len": 512,
+                          "kv_cache_memory_bytes": 256 * MiB}, "prompts": ["Hello"], "max_tokens": 4}
+        return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CPU_KVCACHE_SPACE="1", **env))
+
+    return {"on": run(), "kv_off": run(OMNI_PATCH_KV_CACHE_OFF="1"),
+            "release_off": run(OMNI_PATCH_RELEASE_MEMORY_OFF="1")}
 
 
-def test_c01_explicit_kv_cache_memory_bytes_wins(real_model):
-    on = _kv_run(real_model)
+def test_c05_method_selected_from_the_config_alone(int4_runs):
+    for r in int4_runs.values():
+        assert r["workers"][0]["head_quant_method"] == "CpuInt4LinearMethod"
+    assert "quantization=cpu_int4" in int4_runs["on"].log
+
+
+def test_c01_explicit_kv_cache_memory_bytes_wins(int4_runs):
+    on = int4_runs["on"]
     assert on["workers"][0]["kv_cache"]["num_blocks"] == (256 * MiB) // SMOLLM2_BLOCK
     assert "kv_cache_memory_bytes=268435456 (explicit) wins over VLLM_CPU_KVCACHE_SPACE=1" in on.log
     assert "_patch_cpu_explicit_kv_cache_memory" in on["workers"][0]["patches"]
 
 
-def test_c01_bug_without_the_patch(real_model):
-    off = _kv_run(real_model, OMNI_PATCH_KV_CACHE_OFF="1")
+def test_c01_bug_without_the_patch(int4_runs):
+    off = int4_runs["kv_off"]
+    assert "_patch_cpu_explicit_kv_cache_memory" not in off["workers"][0]["patches"]
     assert off["workers"][0]["kv_cache"]["num_blocks"] == (1 << 30) // SMOLLM2_BLOCK  # 1 GiB: the env won
 
 
-def test_release_memory_after_load_lowers_worker_rss_anon(int4_model_dir):
-    def run(**env):
-        config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "max_model_len": 512,
-                          "kv_cache_memory_bytes": 256 * MiB}, "prompts": ["Hello"], "max_tokens": 4}
-        return run_engine(config, clean_env(VLLM_PLUGINS="omni", **env))
-
-    on, off = run(), run(OMNI_PATCH_RELEASE_MEMORY_OFF="1")
-    saved = off["workers"][0]["rss_anon"] - on["workers"][0]["rss_anon"]
-    print(f"worker RssAnon: {on['workers'][0]['rss_anon'] / MiB:.0f} MiB with the patch, "
-          f"{off['workers'][0]['rss_anon'] / MiB:.0f} MiB without")
-    assert saved > 50 * MiB, saved / MiB
-    assert re.search(r"returned [\d.]+ MiB to the OS after weight loading", on.log)
+def test_release_memory_after_load_lowers_worker_rss_anon(int4_runs):
+    on, off = int4_runs["on"]["workers"][0], int4_runs["release_off"]["workers"][0]
+    print(f"worker RssAnon: {on['rss_anon'] / MiB:.0f} MiB with the patch, {off['rss_anon'] / MiB:.0f} MiB without")
+    assert on["kv_cache"] == off["kv_cache"]
+    assert off["rss_anon"] - on["rss_anon"] > 50 * MiB
+    assert re.search(r"returned [\d.]+ MiB to the OS after weight loading", int4_runs["on"].log)
 
 
 def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama, tmp_path):
