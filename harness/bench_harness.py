@@ -71,8 +71,12 @@ def _command(arm: dict[str, Any]) -> list[str]:
     return [p.replace("{python}", sys.executable).replace("{repo}", str(REPO)) for p in parts]
 
 
+def _progress(line: str) -> None:
+    print(line, flush=True)
+
+
 def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: float, cache_base: Path,
-             progress=print) -> list[PassResult]:
+             progress=_progress) -> list[PassResult]:
     """Run every arm ``passes`` times in rotated order; failed passes are kept."""
     arms = spec["arms"]
     shared = bool(spec.get("shared_cache", False))
@@ -134,6 +138,64 @@ def _table(summary: dict[str, list[dict]], metric_names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _validate(args: argparse.Namespace) -> str | None:
+    """Everything checkable before the first pass (a grid can take an hour): the problem, or None."""
+    metric_names = [m for m in args.metric.split(",") if m]
+    if not metric_names:
+        return "--metric names no metric"
+    try:
+        for m in metric_names:
+            get_metric(m)
+    except UnknownMetricError as e:
+        return str(e)
+    try:
+        spec = json.loads(args.spec.read_text())
+    except (OSError, ValueError) as e:
+        return f"spec {args.spec} is not usable: {type(e).__name__}: {e}"
+    arms = spec.get("arms") if isinstance(spec, dict) else None
+    if not isinstance(arms, list) or not arms:
+        return f"spec {args.spec} is not usable: expected {{\"arms\": [{{\"tag\", \"command\", \"env\"}}, ...]}} with at least one arm"
+    seen: set[str] = set()
+    for i, a in enumerate(arms):
+        if not isinstance(a, dict) or not isinstance(a.get("tag"), str) or not a["tag"]:
+            return f"spec arm #{i + 1} needs a non-empty string \"tag\""
+        if a["tag"] in seen:
+            return f"spec arm tag {a['tag']!r} appears twice; tags must be unique"
+        seen.add(a["tag"])
+        cmd = a.get("command")
+        if not (isinstance(cmd, str) and cmd.strip()) and not (isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd)):
+            return f"spec arm {a['tag']!r}: \"command\" must be a string or a list of strings"
+        if not isinstance(a.get("env", {}), dict):
+            return f"spec arm {a['tag']!r}: \"env\" must be an object of NAME: value"
+    if args.passes < 1:
+        return f"--passes must be >= 1, got {args.passes}"
+    try:
+        cores = parse_cores(args.cores)
+    except ValueError:
+        return f"--cores {args.cores!r} is not a CPU list like 0-1 or 0,2"
+    if not cores:
+        return "--cores names no CPU"
+    if args.out.exists() and not args.out.is_file():
+        return f"--out {args.out} exists and is not a file"
+    parent = args.out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not os.access(parent, os.W_OK):
+        return f"--out {args.out}: {parent} is not writable"
+    if args.check is not None:
+        try:
+            expect = json.loads(args.check.read_text())
+            for name, rule in expect.get("metrics", {}).items():
+                get_metric(name)
+                float(rule["value"]), float(rule["band_pct"]), str(rule["arm"])
+        except UnknownMetricError as e:
+            return f"--check {args.check}: {e}"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return (f"--check {args.check} is not usable ({type(e).__name__}: {e}); expected "
+                    "{\"metrics\": {NAME: {\"arm\", \"value\", \"band_pct\"}}}")
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line; see the module docstring for the exit statuses."""
     ap = argparse.ArgumentParser(prog="bench_harness.py", description=__doc__.split("\n")[0])
@@ -149,25 +211,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-core-busy", type=float, default=50.0, help="percent")
     args = ap.parse_args(argv)
 
-    try:
-        metric_names = [m for m in args.metric.split(",") if m]
-        metrics = [get_metric(m) for m in metric_names]
-    except UnknownMetricError as e:
-        print(f"bench_harness: error: {e}", file=sys.stderr)
+    problem = _validate(args)
+    if problem:
+        print(f"bench_harness: error: {problem}", file=sys.stderr)
         return 2
-    try:
-        spec = json.loads(args.spec.read_text())
-        arms = spec["arms"]
-        tags = [a["tag"] for a in arms]
-        for a in arms:
-            a["command"]  # noqa: B018  (required key)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        print(f"bench_harness: error: spec {args.spec} is not usable: {type(e).__name__}: {e}. "
-              "Expected {\"arms\": [{\"tag\", \"command\", \"env\"}]}", file=sys.stderr)
-        return 2
-    if len(set(tags)) != len(tags) or args.passes < 1:
-        print("bench_harness: error: arm tags must be unique and --passes >= 1", file=sys.stderr)
-        return 2
+    metric_names = [m for m in args.metric.split(",") if m]
+    metrics = [get_metric(m) for m in metric_names]
+    spec = json.loads(args.spec.read_text())
+    arms = spec["arms"]
+    tags = [a["tag"] for a in arms]
     cores = parse_cores(args.cores)
 
     checks = [guard.AffinityCheck(), guard.CoreIdleCheck(args.max_mean_busy, args.max_core_busy)]

@@ -175,8 +175,11 @@ def convert_gguf(gguf: Path, out_dir: Path, *, name: str, distribution: str | No
     if not gguf.is_file():
         raise ModelError(f"GGUF file {gguf} does not exist")
     _validate_gguf(gguf)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    except OSError as e:
+        raise ModelError(f"cannot write the model cache {out_dir.parent}: {e}; choose --cache-dir") from e
     try:
         try:
             qc = GgufConfig(gguf_file=gguf.name, dequantize=True)

@@ -34,11 +34,15 @@ def _load(path: Path) -> dict:
 
 def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
     """One row per artifact in ``directory``: file, kind, created, verdict, retracted (and why)."""
+    if not directory.is_dir():
+        raise ValueError(f"{directory} is not a directory of results")
     rows = []
     for path in sorted(directory.glob("*.json")):
         try:
             data = _load(path)
-        except (ValueError, OSError):
+        except (ValueError, OSError) as e:
+            rows.append({"file": path.name, "kind": None, "created_unix": None, "git_sha": None,
+                         "verdict": f"UNREADABLE: {e}", "retracted": False, "retraction": None})
             continue
         rows.append({
             "file": path.name,

@@ -9,6 +9,7 @@ killed (vLLM's engine core and workers included), never left running (C10).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -116,8 +117,15 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
         except (IndexError, ValueError) as e:
             return PassResult(tag, pass_index, position, False, status, seconds,
                               f"last stdout line is not a JSON object ({e})", _tail(err_path))
-        metrics = {k: float(v) for k, v in payload.get("metrics", payload).items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        raw = payload.get("metrics", payload)
+        if not isinstance(raw, dict):
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              "\"metrics\" is not a JSON object", _tail(err_path))
+        metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        if bad:
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              f"non-finite metric(s) {bad}: not a measurement", _tail(err_path))
         return PassResult(tag, pass_index, position, True, status, seconds, metrics=metrics,
                           arm_provenance=payload.get("provenance", {}),
                           extra={k: v for k, v in payload.items() if k not in ("metrics", "provenance")}

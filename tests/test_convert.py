@@ -148,3 +148,28 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     assert leftovers == ([] if case != "exists" else ["dst"])
     if case == "exists":
         assert list(dst.iterdir()) == []
+
+
+@pytest.mark.parametrize("case", ["config_list", "dst_inside_src", "keep_unknown", "index_outside"])
+def test_more_bad_inputs(tmp_path, case):
+    src = write_checkpoint(tmp_path / "src")
+    dst = tmp_path / "dst"
+    args = []
+    if case == "config_list":
+        (src / "config.json").write_text('["LlamaForCausalLM"]')
+        expect = "not a JSON object"
+    elif case == "dst_inside_src":
+        dst = src / "sub"
+        expect = "inside the source"
+    elif case == "keep_unknown":
+        args = ["--keep-bf16", "no_such_proj"]
+        expect = "matches no module"
+    else:
+        other = write_checkpoint(tmp_path / "other")
+        (src / "model.safetensors").unlink()
+        (src / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"x": str(Path("..") / other.name / "model.safetensors")}}))
+        expect = "points outside the checkpoint"
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+    assert not dst.exists()

@@ -155,3 +155,42 @@ def test_results_list_plot_and_retract(tmp_path):
     assert again.returncode == 2 and "already retracted" in again.stderr
     listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert "RETRACTED (cores were busy)" in listing.stdout
+
+
+def test_non_finite_metrics_are_failed_passes_not_winners(tmp_path):
+    inf = "print('{\"tokens_per_s\": Infinity}')"
+    nan = "print('{\"tokens_per_s\": NaN}')"
+    ok = "print('{\"tokens_per_s\": 5.0}')"
+    proc, art = _bench(tmp_path, [_arm("inf", inf), _arm("nan", nan), _arm("ok", ok)], passes=2)
+    assert proc.returncode == 0
+    bad = [r for r in art["runs"] if r["tag"] in ("inf", "nan")]
+    assert bad and all(not r["ok"] and "non-finite" in r["reason"] for r in bad)
+    assert art["verdict"]["ranking"] is None
+    json.loads((tmp_path / "out.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in artifact"))
+
+
+@pytest.mark.parametrize("case", ["no_arms", "env_list", "command_int", "cores", "check_missing", "out_dir"])
+def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
+    marker = tmp_path / "ran"
+    arm = _arm("x", f"open({str(marker)!r}, 'w'); print('{{\"tokens_per_s\": 1}}')")
+    arms, extra, cores = [arm], [], CORES
+    if case == "no_arms":
+        arms = []
+    elif case == "env_list":
+        arms = [{**arm, "env": ["A"]}]
+    elif case == "command_int":
+        arms = [{**arm, "command": 5}]
+    elif case == "cores":
+        cores = "abc"
+    elif case == "check_missing":
+        extra = ["--check", str(tmp_path / "missing.json")]
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arms": arms}))
+    out = tmp_path / ("outdir" if case == "out_dir" else "out.json")
+    if case == "out_dir":
+        out.mkdir()
+    proc = subprocess.run([*BENCH, "--spec", str(spec), "--passes", "1", "--metric", "tokens_per_s", "--cores", cores,
+                           "--out", str(out), "--allow-busy", *extra], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "bench_harness: error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert not marker.exists(), "no arm may run before the arguments are known good"

@@ -66,3 +66,10 @@ def test_c02_taskset_one_cpu_means_one_thread_on_that_cpu():
     assert worker["threads_cpus"] == [cpu]
     assert worker["torch_threads"] == 1
     assert worker["omp_env"]["OMP_NUM_THREADS"] == "1"
+
+
+def test_invalid_or_unknown_omni_settings_exit_1():
+    rc, report = _info(VLLM_PLUGINS="omni", OMNI_KV_CACHE_MAX_FRACTION="abc")
+    assert rc == 1 and any("OMNI_KV_CACHE_MAX_FRACTION='abc'" in p for p in report["problems"])
+    rc, report = _info(VLLM_PLUGINS="omni", OMNI_KV_CACHE_MAX_FRAC="0.3")
+    assert rc == 1 and any("OMNI_KV_CACHE_MAX_FRAC is set but is no omni setting" in p for p in report["problems"])

@@ -113,3 +113,14 @@ def test_switch_off_one_patch():
     """, OMNI_PATCH_KV_CACHE_OFF="1")
     assert "_patch_cpu_explicit_kv_cache_memory" not in out["applied"]
     assert len(out["applied"]) == 2
+
+
+def test_switch_accepts_the_registry_spellings_and_rejects_others():
+    out = _run("""
+        from omni_patches import apply_all
+        print(json.dumps({"applied": apply_all()}))
+    """, OMNI_PATCH_KV_CACHE_OFF="true")
+    assert "_patch_cpu_explicit_kv_cache_memory" not in out["applied"]
+    proc = subprocess.run([sys.executable, "-c", "from omni_patches import apply_all; apply_all()"],
+                          env=clean_env(OMNI_PATCH_KV_CACHE_OFF="maybe"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "OMNI_PATCH_KV_CACHE_OFF='maybe' is invalid" in proc.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 from omni_patches._registry import applied_patches, mark_applied
@@ -28,7 +27,9 @@ class PatchStatus:
 
 
 def _inspect(patch: Patch) -> tuple[list, PatchStatus]:
-    enabled = os.environ.get(patch.disable_env, "") != "1"
+    from omni_platform import envs  # the one registry: accepts 1/0/true/false/yes/no/on/off, rejects others
+
+    enabled = not getattr(envs, patch.disable_env)
     resolved, found, match, details = [], True, True, []
     for target, expected in patch.targets.items():
         try:

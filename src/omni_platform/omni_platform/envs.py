@@ -33,8 +33,11 @@ def _positive_float(raw: str) -> float:
     return value
 
 
-def _int(raw: str) -> int:
-    return int(raw)
+def _nonneg_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError(f"expected a whole number >= 0, got {raw!r}")
+    return value
 
 
 def _str(raw: str) -> str:
@@ -63,7 +66,7 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "OMNI_FEW_CPUS",
-            _int,
+            _nonneg_int,
             4,
             "A machine whose process may use at most this many physical cores is 'small': "
             "OmniPlatform reserves no core for the engine core process there.",
@@ -102,7 +105,7 @@ SETTINGS: dict[str, Setting] = {
         ),
         Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
-            _int,
+            _nonneg_int,
             None,
             "Internal: the kv_cache_memory_bytes OmniPlatform chose, inherited by the engine "
             "core so that vLLM's second configuration pass there is not taken for a user setting.",

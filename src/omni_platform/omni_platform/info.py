@@ -58,6 +58,15 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
                 f"VLLM_PLUGINS names {name!r}, which matches no installed vLLM plugin "
                 f"(installed: {', '.join(sorted(all_names)) or 'none'}); fix the spelling or install it"
             )
+    from omni_platform import envs
+
+    for name in sorted(envs.SETTINGS):
+        try:
+            getattr(envs, name)
+        except ValueError as e:
+            problems.append(str(e))
+    for name in envs.unknown_omni_variables():
+        problems.append(f"{name} is set but is no omni setting (a typo?); declared: {', '.join(sorted(envs.SETTINGS))}")
     omni_enabled = "omni" in installed_plugins["vllm.general_plugins"] and (
         allowed is None or "omni" in allowed
     )

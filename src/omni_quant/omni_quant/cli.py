@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConversionError as e:
         print(f"omni-quant: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"omni-quant: interrupted; nothing written at {args.dst}", file=sys.stderr)
+        return 130
     q = [r for r in reports if r.action == "quantized"]
     print(f"quantized {len(q)} tensors (min SQNR {min((r.sqnr_db for r in q), default=float('nan')):.1f} dB), "
           f"copied {len(reports) - len(q)}; report: {args.dst}/quantization_report.json")

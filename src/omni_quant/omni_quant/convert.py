@@ -64,10 +64,16 @@ def _open_sources(src: Path) -> list[Path]:
     index = src / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+            if not all(isinstance(f, str) for f in files):
+                raise ValueError("weight_map values must be file names")
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConversionError(f"{index} is not a valid safetensors index: {e}") from e
         paths = [src / f for f in files]
+        outside = [f for f in files if not (src / f).resolve().is_relative_to(src.resolve())]
+        if outside:
+            raise ConversionError(f"{index} points outside the checkpoint: {outside}")
     elif (src / "model.safetensors").is_file():
         paths = [src / "model.safetensors"]
     else:
@@ -129,14 +135,20 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError(f"source {src} is not a directory")
     if dst.exists():
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
+    if dst.resolve().is_relative_to(src.resolve()):
+        raise ConversionError(f"destination {dst} is inside the source {src}; choose a path outside it")
     cfg_path = src / "config.json"
     try:
         config = json.loads(cfg_path.read_text())
     except FileNotFoundError:
         raise ConversionError(f"{cfg_path} is missing; the source must be a Hugging Face checkpoint") from None
-    except ValueError as e:
-        raise ConversionError(f"{cfg_path} is not valid JSON: {e}") from e
+    except (ValueError, OSError) as e:
+        raise ConversionError(f"{cfg_path} is not a readable JSON file: {e}") from e
+    if not isinstance(config, dict):
+        raise ConversionError(f"{cfg_path} is not a JSON object; the source must be a Hugging Face checkpoint")
     archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ConversionError(f"architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     if "quantization_config" in config:
@@ -145,8 +157,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     sources = _open_sources(src)
     tied = bool(config.get("tie_word_embeddings", False))
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    except OSError as e:
+        raise ConversionError(f"cannot create the output beside {dst}: {e}") from e
     try:
         reports: list[TensorReport] = []
         per_module: dict[str, int] = {}
@@ -160,6 +175,12 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             except (SafetensorError, OSError, ValueError) as e:
                 raise ConversionError(f"{path} is not a readable safetensors file: {e}") from e
         has_head = "lm_head.weight" in names
+        modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
+        short = {m.split(".")[-1] for m in modules}
+        unknown = [k for k in keep if k not in modules and k not in short]
+        if unknown:
+            raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no module of {src} "
+                                  f"(e.g. {', '.join(sorted(short)[:8])})")
         if not tied and not has_head:
             raise ConversionError(
                 f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
@@ -243,7 +264,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             "tensors": [asdict(r) for r in reports],
         }
         (tmp / "quantization_report.json").write_text(json.dumps(summary, indent=1) + "\n")
-        os.rename(tmp, dst)
+        os.chmod(tmp, 0o755)  # mkdtemp made it private
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
+        try:
+            os.rename(tmp, dst)  # fails if dst appeared meanwhile and is not empty
+        except OSError as e:
+            raise ConversionError(f"destination {dst} appeared while converting ({e}); nothing written") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
