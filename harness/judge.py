@@ -75,19 +75,32 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
     reverse = metric.direction.value == "higher"
     ranked.sort(key=lambda s: s.median, reverse=reverse)
     first, second = ranked[0], ranked[1]
-    gap_pct = abs(first.median - second.median) / abs(second.median) * 100 if second.median else float("inf")
-    needed = max(metric.noise_pct, first.spread_pct or 0.0, second.spread_pct or 0.0)
-    if gap_pct > needed:
-        order = " > ".join(s.tag for s in ranked)
+    gap_pct, needed = _gap(first, second, metric)
+    if gap_pct <= needed:
         return Verdict(
-            [s.tag for s in ranked],
-            True,
-            f"ranking ({metric.direction.value} is better): {order}; gap {gap_pct:.1f}% > {needed:.1f}% "
-            f"(max of noise band {metric.noise_pct:g}% and both spreads)",
+            None,
+            False,
+            f"NOT A RANKING: {first.tag} vs {second.tag} differ by {gap_pct:.1f}%, inside {needed:.1f}% "
+            f"(noise band {metric.noise_pct:g}% or spread); separate them with {NOT_A_RANKING_TOOL}",
         )
-    return Verdict(
-        None,
-        False,
-        f"NOT A RANKING: {first.tag} vs {second.tag} differ by {gap_pct:.1f}%, inside {needed:.1f}% "
-        f"(noise band {metric.noise_pct:g}% or spread); separate them with {NOT_A_RANKING_TOOL}",
-    )
+    # Extend the order only while each next pair is separable too; the rest is not ranked.
+    cut = len(ranked)
+    for i, (a, b) in enumerate(zip(ranked, ranked[1:])):
+        g, n = _gap(a, b, metric)
+        if g <= n:
+            cut = i  # a and b (and everything after) are one group, unranked
+            break
+    order = ranked[:cut] if cut < len(ranked) else ranked
+    rest = [s.tag for s in ranked[len(order):]]
+    text = (f"ranking ({metric.direction.value} is better): {' > '.join(s.tag for s in order)}"
+            f"{' > {' + ', '.join(rest) + '}' if rest else ''}; "
+            f"leader gap {gap_pct:.1f}% > {needed:.1f}% (max of noise band {metric.noise_pct:g}% and both spreads)")
+    if rest:
+        text += f"; the arms in braces are not ranked among themselves (inside the noise)"
+    return Verdict([s.tag for s in order], True, text)  # ``ranking`` lists only the separated leaders
+
+
+def _gap(a: ArmSummary, b: ArmSummary, metric: Metric) -> tuple[float, float]:
+    """(gap between two medians in % of the second, the gap needed: max of noise band and spreads)."""
+    gap = abs(a.median - b.median) / abs(b.median) * 100 if b.median else float("inf")
+    return gap, max(metric.noise_pct, a.spread_pct or 0.0, b.spread_pct or 0.0)

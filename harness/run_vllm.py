@@ -147,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
             "params": vars(args),
         },
     }
+    # vLLM logs its shutdown to stdout at exit: stop the engine first, then print the
+    # result as the last line, then leave without running exit handlers that would log.
+    llm.llm_engine.engine_core.shutdown()
     print(json.dumps(result), flush=True)
-    return 0
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

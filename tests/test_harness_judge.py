@@ -73,3 +73,11 @@ def test_check_flags_a_gateable_regression_and_reports_ungateable():
     rule = {"metrics": {"tg_tps": {"arm": "x", "value": 100, "band_pct": 5}}}
     out = check_expectations(_summary("tg_tps", "x", 10), rule)
     assert out["regression"] is False and out["outcomes"][0]["status"] == "ungateable"
+
+
+def test_order_stops_at_the_first_pair_inside_the_noise():
+    m = get_metric("tg_tps")
+    v = judge([summarize("fast", [60.0, 61.0], 0, m), summarize("mid", [20.0, 22.0], 0, m),
+               summarize("slow", [19.5, 21.0], 0, m)], m)
+    assert v.ranking == ["fast"]
+    assert "fast > {mid, slow}" in v.text and "not ranked among themselves" in v.text
