@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "quantization": args.quantization or _checkpoint_quant_method(model),
             "head_dtype": w0.get("head_dtype"),
             "head_quant_method": w0.get("head_quant_method"),
+            "head_tied": w0.get("head_tied"),
             "patches": w0["patches"],
             "kv_cache": w0["kv_cache"],
             "enforce_eager": args.enforce_eager,

@@ -109,7 +109,7 @@ def test_c08_k_no_group_divides_is_refused_at_conversion(tmp_path):
 def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     src = tmp_path / "src"
     dst = tmp_path / "out" / "dst"
-    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing", "bad_json": "not valid JSON",
+    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing", "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
               "arch": "not supported", "exists": "exists", "already_quantized": "already quantized"}[case]
