@@ -53,9 +53,16 @@ def test_release_memory_after_load_lowers_worker_rss_anon(int4_runs):
 
 
 def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama, tmp_path):
-    """Compiled mode (the point of this test) on the tiny model: cold, warm without, warm with the patch."""
+    """vLLM's default compiled mode (the point of this test) on the tiny model converted to
+    cpu_int4, so that the custom op is traced, saved and loaded too: cold, warm without the
+    patch, warm with it."""
+    from omni_quant.convert import convert
+
+    model = tmp_path / "tiny-int4"
+    convert(tiny_llama, model, group_size=64)
+
     def start(cache, **env):
-        config = {"llm": {"model": str(tiny_llama), "skip_tokenizer_init": True, "max_model_len": 256,
+        config = {"llm": {"model": str(model), "skip_tokenizer_init": True, "max_model_len": 256,
                           "max_num_seqs": 2, "dtype": "float32"}, "prompts": [[1, 5, 9, 33]], "max_tokens": 8}
         return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache), **env))
 
