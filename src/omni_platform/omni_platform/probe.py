@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["make_tiny_llama", "worker_report"]
+__all__ = ["make_tiny_llama", "rss_anon", "worker_report"]
 
 _OMP_VARS = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
@@ -47,7 +47,7 @@ def worker_report(worker: Any) -> dict[str, Any]:
         "affinity": sorted(os.sched_getaffinity(0)),
         "threads_cpus": _threads_cpus(),
         "torch_threads": torch.get_num_threads(),
-        "rss_anon": _rss_anon(),
+        "rss_anon": rss_anon(),
         "omp_env": {k: os.environ.get(k) for k in _OMP_VARS},
         "extensions": sorted(active_extensions()),
         "kv_cache": kv,
@@ -80,7 +80,7 @@ def _head_info(worker: Any) -> dict[str, Any]:
     }
 
 
-def _rss_anon() -> int:
+def rss_anon() -> int:
     """RssAnon of this process, bytes (``/proc/self/status``)."""
     with open("/proc/self/status") as f:
         for line in f:

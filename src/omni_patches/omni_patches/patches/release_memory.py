@@ -15,20 +15,14 @@ import ctypes
 import functools
 import logging
 
+from omni_platform.probe import rss_anon as _rss_anon
+
 from omni_patches.patches import MARKER, Patch
 
 __all__ = ["PATCH", "release_free_memory"]
 
 logger = logging.getLogger("vllm.omni_patches.release_memory")
 NAME = "_patch_cpu_release_memory_after_load"
-
-
-def _rss_anon() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def release_free_memory() -> int:
