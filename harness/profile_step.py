@@ -83,12 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     llm = LLM(**kwargs)
     prompt = TokensPrompt(prompt_token_ids=[100 + (i * 7919) % 40000 for i in range(args.prompt_len)])
 
+    # By module name, not __main__: the worker must keep the profiler in one module's globals.
+    from harness import profile_step as worker_side
+
     def profiled(n: int) -> dict[str, float]:
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
         llm.generate([prompt], sp, use_tqdm=False)  # warm, unprofiled
-        llm.collective_rpc(start)
+        llm.collective_rpc(worker_side.start)
         llm.generate([prompt], sp, use_tqdm=False)
-        return llm.collective_rpc(stop)[0]
+        return llm.collective_rpc(worker_side.stop)[0]
 
     a = profiled(1)
     b = profiled(1 + args.decode_steps)
