@@ -65,6 +65,8 @@ _ALL = [
     Metric("agg_tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "aggregate decode tok/s over concurrent streams"),
     Metric("rss_anon_tree_mb", Direction.LOWER, "MiB", 2.0, True, "sum of RssAnon over the process tree"),
     Metric("rss_anon_tree_full_mb", Direction.LOWER, "MiB", 2.0, True, "RssAnon over the tree at full context"),
+    Metric("rss_anon_worker_mb", Direction.LOWER, "MiB", 2.0, True, "RssAnon of the first worker process at ready"),
+    Metric("kv_cache_mb", Direction.LOWER, "MiB", 1.0, True, "KV cache tensors allocated in the first worker (bytes / 2**20)"),
     Metric("start_cold_s", Direction.LOWER, "s", 10.0, False, "engine start, empty compile cache"),
     Metric("start_warm_s", Direction.LOWER, "s", 10.0, False, "engine start, compile cache filled"),
     Metric("op_self_us", Direction.LOWER, "us", 5.0, True, "per-op self time of a decode step"),

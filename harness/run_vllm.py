@@ -18,6 +18,9 @@ Metrics (units in harness/metrics.py):
 - ``rss_anon_tree_mb``: RssAnon summed over this process and its descendants at ready
   (engine core and workers included), MiB; ``rss_anon_tree_full_mb`` after a request
   that fills ``max_model_len`` tokens of KV cache.
+- ``rss_anon_worker_mb``: RssAnon of the first worker alone, MiB, read inside it after the
+  requests above; ``kv_cache_mb``: bytes of the KV cache tensors allocated in that worker,
+  MiB (the budget vLLM actually honoured).
 
 Token prompts are made of fixed ids, so every arm sees the same input.
 """
@@ -124,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         ("start_cold_s" if cold else "start_warm_s"): start_s,
         "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
         "rss_anon_tree_full_mb": sum(p.rss_anon for p in tree_full) / MiB,
+        "rss_anon_worker_mb": w0["rss_anon"] / MiB,
     }
+    if w0["kv_cache"]:
+        metrics["kv_cache_mb"] = w0["kv_cache"]["bytes"] / MiB
     result = {
         "metrics": metrics,
         "provenance": {
