@@ -194,3 +194,33 @@ def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
     assert proc.returncode == 2, proc.stderr
     assert "bench_harness: error:" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists(), "no arm may run before the arguments are known good"
+
+
+def test_code_changed_during_a_run_is_labelled(tmp_path):
+    """Provenance is taken before the first pass; an edit made while the arms run is labelled."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "harness", repo / "harness", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    edit = ("import json; open(%r, 'a').write('# edited\\n'); print(json.dumps({'tokens_per_s': 1.0}))"
+            % str(repo / "harness" / "metrics.py"))
+    quiet = "import json; print(json.dumps({'tokens_per_s': 1.0}))"
+    for name, code, changed in (("quiet", quiet, False), ("edit", edit, True)):
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps({"arms": [_arm("a", code)]}))
+        out = tmp_path / f"{name}-out.json"
+        proc = subprocess.run([sys.executable, str(repo / "harness" / "bench_harness.py"), "--spec", str(spec),
+                               "--passes", "2", "--metric", "tokens_per_s", "--cores", CORES, "--out", str(out),
+                               "--allow-busy"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        art = json.loads(out.read_text())
+        prov = art["provenance"]
+        assert prov["git_sha"] == head and prov["git_dirty"] is False, "stamped as it was before the first pass"
+        labelled = any(label.startswith("CODE CHANGED DURING RUN") for label in art["labels"])
+        assert labelled is changed, (name, art["labels"])
+        assert ("git_state_end" in prov) is changed
