@@ -224,3 +224,17 @@ def test_code_changed_during_a_run_is_labelled(tmp_path):
         labelled = any(label.startswith("CODE CHANGED DURING RUN") for label in art["labels"])
         assert labelled is changed, (name, art["labels"])
         assert ("git_state_end" in prov) is changed
+
+
+def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
+    fail = "import sys; sys.exit(4)"
+    proc, art = _bench(tmp_path, [_arm("x", fail)], passes=2)
+    assert proc.returncode == 0 and not any(r["ok"] for r in art["runs"])
+    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
+    line = next(ln for ln in listing.stdout.splitlines() if ln.startswith("out.json"))
+    assert "NO RESULT (all 2 passes failed)" in line and "published" not in line
+    bad = tmp_path / "notes.json"
+    bad.write_text("this is not json")
+    plot = subprocess.run([*results, "plot", str(bad)], capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 2 and str(bad) in plot.stderr and "not JSON" in plot.stderr
