@@ -12,7 +12,8 @@ Rules enforced here (docs/methodology.md): arms pinned to ``--cores`` after a
 pre-flight idleness check; arm order rotated every pass; a private ``VLLM_CACHE_ROOT``
 per arm unless the spec shares one; each arm in its own process group, killed whole on
 timeout; failures recorded with their stderr tail; "best" by the metric's declared
-direction; no ranking inside the noise; provenance stamped into the artifact.
+direction; no ranking inside the noise; provenance taken before the first pass and
+stamped into the artifact, with a label when the code changed during the run.
 
 Exit status: 0 done; 1 the core guard refused; 2 bad arguments or unknown metric;
 3 ``--check`` found a regression.
@@ -234,8 +235,14 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         labels.append("BUSY CORES: run with --allow-busy, numbers are suspect")
 
+    prov = provenance.collect(cores)  # before the first pass: the code that runs
     cache_base = args.out.parent / f"{args.out.stem}.vllm-cache"
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
+    end_state = provenance.git_state()
+    if end_state != prov["git_state"]:
+        prov["git_state_end"] = end_state
+        labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
+                      "before the first; the passes may not have run the same code")
 
     summary: dict[str, list[dict]] = {}
     for m in metrics:
@@ -265,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "verdict": verdict.to_dict(),
         "reported_not_summarized": unjudged,
-        "provenance": provenance.collect(cores),
+        "provenance": prov,
         "retracted": False,
     }
     missing = provenance.missing_keys(artifact["provenance"], provenance.KEYS)

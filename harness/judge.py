@@ -15,9 +15,6 @@ from harness.metrics import Metric
 
 __all__ = ["ArmSummary", "Verdict", "judge", "summarize"]
 
-NOT_A_RANKING_TOOL = "harness/profile_step.py (per-op self time of a decode step)"
-
-
 @dataclass(frozen=True)
 class ArmSummary:
     """Statistics of one arm's good passes for one metric (values in the metric's unit)."""
@@ -81,7 +78,7 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
             None,
             False,
             f"NOT A RANKING: {first.tag} vs {second.tag} differ by {gap_pct:.1f}%, inside {needed:.1f}% "
-            f"(noise band {metric.noise_pct:g}% or spread); separate them with {NOT_A_RANKING_TOOL}",
+            f"(noise band {metric.noise_pct:g}% or spread); separate them with {metric.separate_with}",
         )
     # Extend the order only while each next pair is separable too; the rest is not ranked.
     cut = len(ranked)

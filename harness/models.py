@@ -288,7 +288,8 @@ def checkpoint_dir(name: str, cache_dir: Path | None = None) -> Path:
     if not (out_dir / MANIFEST).is_file():
         raise ModelError(
             f"model {name!r} is not fetched into {out_dir.parent}; run "
-            f"`python -m harness.models fetch {name}`"
+            f"`python -m harness.models fetch {name}"
+            + (f" --cache-dir {cache_dir}`" if cache_dir is not None else "`")
         )
     return out_dir
 

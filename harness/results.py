@@ -26,14 +26,25 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def _load(path: Path) -> dict:
-    data = json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not a harness artifact (not JSON: {e})") from None
     if not isinstance(data, dict) or "format_version" not in data:
         raise ValueError(f"{path} is not a harness artifact (no format_version)")
     return data
 
 
 def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
-    """One row per artifact in ``directory``: file, kind, created, verdict, retracted (and why)."""
+    """One row per artifact in ``directory``.
+
+    Keys: file, kind, created_unix, git_sha, verdict, ok_passes, failed_passes, labels,
+    retracted, retraction (reason, superseded_by, retracted_unix). An unreadable file
+    gets a row whose verdict says why.
+
+    Raises:
+        ValueError: ``directory`` is not a directory.
+    """
     if not directory.is_dir():
         raise ValueError(f"{directory} is not a directory of results")
     rows = []
@@ -42,7 +53,8 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
             data = _load(path)
         except (ValueError, OSError) as e:
             rows.append({"file": path.name, "kind": None, "created_unix": None, "git_sha": None,
-                         "verdict": f"UNREADABLE: {e}", "retracted": False, "retraction": None})
+                         "verdict": f"UNREADABLE: {e}", "ok_passes": 0, "failed_passes": 0, "labels": [],
+                         "retracted": False, "retraction": None})
             continue
         rows.append({
             "file": path.name,
@@ -50,6 +62,9 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
             "created_unix": data.get("created_unix"),
             "git_sha": data.get("provenance", {}).get("git_sha"),
             "verdict": data.get("verdict", {}).get("text"),
+            "ok_passes": sum(1 for r in data.get("runs", []) if r.get("ok")),
+            "failed_passes": sum(1 for r in data.get("runs", []) if not r.get("ok")),
+            "labels": list(data.get("labels", [])),
             "retracted": bool(data.get("retracted")),
             "retraction": data.get("retraction"),
         })
@@ -111,6 +126,18 @@ def plot(path: Path, out: Path | None = None) -> Path:
     return out
 
 
+def _state(row: dict) -> str:
+    """How ``list`` shows a row: retracted, no result (no good pass), or published with its labels."""
+    if row["retracted"]:
+        return f"RETRACTED ({row['retraction']['reason']})"
+    if row["kind"] is None:
+        return "unreadable"
+    if row["ok_passes"] == 0:
+        return f"NO RESULT (all {row['failed_passes']} passes failed)"
+    labels = [label.split(":")[0] for label in row["labels"]]
+    return "published" + (f" [{'; '.join(labels)}]" if labels else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="results.py", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -127,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             for r in list_results(args.dir):
-                state = f"RETRACTED ({r['retraction']['reason']})" if r["retracted"] else "published"
-                print(f"{r['file']:60s} {state:30s} {r['verdict']}")
+                print(f"{r['file']:60s} {_state(r):30s} {r['verdict']}")
         elif args.cmd == "plot":
             print(plot(args.file, args.out))
         else:

@@ -173,3 +173,44 @@ def test_more_bad_inputs(tmp_path, case):
     proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst), *args], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
     assert not dst.exists()
+
+
+def _shard(src: Path, extra_in_shard: dict | None = None, index_extra: dict | None = None) -> dict:
+    """Split ``src``'s model.safetensors into two shards with an index; return the original tensors."""
+    t = load_file(str(src / "model.safetensors"))
+    (src / "model.safetensors").unlink()
+    names = sorted(t)
+    half = len(names) // 2
+    parts = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    weight_map = {}
+    for fname, keys in parts.items():
+        shard = {k: t[k] for k in keys}
+        if fname.startswith("model-00002"):
+            shard.update(extra_in_shard or {})
+        save_file(shard, str(src / fname))
+        weight_map.update({k: fname for k in keys})
+    weight_map.update(index_extra or {})
+    (src / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return t
+
+
+def test_sharded_checkpoint_converts_only_what_the_index_lists(tmp_path):
+    plain = write_checkpoint(tmp_path / "plain")
+    convert(plain, tmp_path / "plain-int4")
+    src = write_checkpoint(tmp_path / "src")
+    stray = {"model.layers.0.self_attn.rotary_emb.inv_freq_stale": torch.ones(8)}
+    _shard(src, extra_in_shard=stray)
+    convert(src, tmp_path / "dst")
+    got, want = _tensors(tmp_path / "dst"), _tensors(tmp_path / "plain-int4")
+    assert set(got) == set(want), "a tensor the index does not list is not the model's"
+    assert all(torch.equal(got[k], want[k]) for k in want), "sharding does not change the result"
+
+
+def test_index_naming_a_tensor_its_shard_lacks_is_refused(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    _shard(src, index_extra={"model.layers.0.mlp.extra_proj.weight": "model-00001-of-00002.safetensors"})
+    dst = tmp_path / "dst"
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "model.layers.0.mlp.extra_proj.weight" in proc.stderr and "disagree" in proc.stderr
+    assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]

@@ -194,3 +194,47 @@ def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
     assert proc.returncode == 2, proc.stderr
     assert "bench_harness: error:" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists(), "no arm may run before the arguments are known good"
+
+
+def test_code_changed_during_a_run_is_labelled(tmp_path):
+    """Provenance is taken before the first pass; an edit made while the arms run is labelled."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO / "harness", repo / "harness", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    edit = ("import json; open(%r, 'a').write('# edited\\n'); print(json.dumps({'tokens_per_s': 1.0}))"
+            % str(repo / "harness" / "metrics.py"))
+    quiet = "import json; print(json.dumps({'tokens_per_s': 1.0}))"
+    for name, code, changed in (("quiet", quiet, False), ("edit", edit, True)):
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps({"arms": [_arm("a", code)]}))
+        out = tmp_path / f"{name}-out.json"
+        proc = subprocess.run([sys.executable, str(repo / "harness" / "bench_harness.py"), "--spec", str(spec),
+                               "--passes", "2", "--metric", "tokens_per_s", "--cores", CORES, "--out", str(out),
+                               "--allow-busy"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        art = json.loads(out.read_text())
+        prov = art["provenance"]
+        assert prov["git_sha"] == head and prov["git_dirty"] is False, "stamped as it was before the first pass"
+        labelled = any(label.startswith("CODE CHANGED DURING RUN") for label in art["labels"])
+        assert labelled is changed, (name, art["labels"])
+        assert ("git_state_end" in prov) is changed
+
+
+def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
+    fail = "import sys; sys.exit(4)"
+    proc, art = _bench(tmp_path, [_arm("x", fail)], passes=2)
+    assert proc.returncode == 0 and not any(r["ok"] for r in art["runs"])
+    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
+    line = next(ln for ln in listing.stdout.splitlines() if ln.startswith("out.json"))
+    assert "NO RESULT (all 2 passes failed)" in line and "published" not in line
+    bad = tmp_path / "notes.json"
+    bad.write_text("this is not json")
+    plot = subprocess.run([*results, "plot", str(bad)], capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 2 and str(bad) in plot.stderr and "not JSON" in plot.stderr

@@ -45,6 +45,12 @@ def test_gap_inside_the_spread_is_not_a_ranking_and_names_the_profiler():
     assert v.ranking is None and "profile_step" in v.text
 
 
+def test_memory_inside_the_noise_names_the_memory_ledger():
+    m = get_metric("rss_anon_tree_mb")
+    v = judge([summarize("a", [1000.0, 1001.0], 0, m), summarize("b", [1002.0, 1003.0], 0, m)], m)
+    assert v.ranking is None and "memory_ledger" in v.text and "profile_step" not in v.text
+
+
 @given(
     st.sampled_from(sorted(METRICS)),
     st.floats(1.0, 1e4),

@@ -67,7 +67,8 @@ def test_incomplete_cache_directory_is_rebuilt(tmp_path, real_model):
     stale = cache / "smollm2-135m-bf16"
     stale.mkdir(parents=True)
     (stale / "config.json").write_text("{}")  # looks like a checkpoint, but has no manifest
-    with pytest.raises(ModelError, match="not fetched"):
+    with pytest.raises(ModelError, match="not fetched") as err:
         models.checkpoint_dir("smollm2-135m", cache)
+    assert f"--cache-dir {cache}" in str(err.value), "the hint fetches into the same cache"
     shutil.copytree(real_model, stale, dirs_exist_ok=True)  # a complete one is accepted as is
     assert models.checkpoint_dir("smollm2-135m", cache) == stale

@@ -60,20 +60,33 @@ def _is_quantizable(name: str) -> bool:
     return name.endswith(".weight") and (module.split(".")[-1] in LINEAR_MODULES or module == "lm_head")
 
 
-def _open_sources(src: Path) -> list[Path]:
+def _open_sources(src: Path) -> tuple[list[Path], dict[str, Path] | None]:
+    """The safetensors files of ``src`` and, when it has an index, its ``weight_map``.
+
+    Returns ``(paths, weight_map)``: with ``model.safetensors.index.json`` the tensors to
+    convert are exactly the names the index lists, each read from the file it names (as
+    transformers loads them); without one, ``weight_map`` is ``None`` and every tensor of
+    ``model.safetensors`` is converted.
+
+    Raises:
+        ConversionError: no safetensors checkpoint, a malformed index, a file outside
+            ``src`` or missing.
+    """
     index = src / "model.safetensors.index.json"
+    weight_map: dict[str, Path] | None = None
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
-            if not all(isinstance(f, str) for f in files):
-                raise ValueError("weight_map values must be file names")
+            raw = json.loads(index.read_text())["weight_map"]
+            if not isinstance(raw, dict) or not all(isinstance(f, str) for f in raw.values()):
+                raise ValueError("weight_map must map tensor names to file names")
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ConversionError(f"{index} is not a valid safetensors index: {e}") from e
-        paths = [src / f for f in files]
+        files = sorted(set(raw.values()))
         outside = [f for f in files if not (src / f).resolve().is_relative_to(src.resolve())]
         if outside:
             raise ConversionError(f"{index} points outside the checkpoint: {outside}")
+        paths = [src / f for f in files]
+        weight_map = {name: src / f for name, f in raw.items()}
     elif (src / "model.safetensors").is_file():
         paths = [src / "model.safetensors"]
     else:
@@ -81,7 +94,7 @@ def _open_sources(src: Path) -> list[Path]:
     for p in paths:
         if not p.is_file():
             raise ConversionError(f"{p} is listed by the index but missing")
-    return paths
+    return paths, weight_map
 
 
 class _ShardWriter:
@@ -154,7 +167,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     if "quantization_config" in config:
         raise ConversionError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
                               "convert a bf16/fp16/fp32 checkpoint")
-    sources = _open_sources(src)
+    sources, weight_map = _open_sources(src)
     tied = bool(config.get("tie_word_embeddings", False))
 
     try:
@@ -174,6 +187,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                         names[k] = path
             except (SafetensorError, OSError, ValueError) as e:
                 raise ConversionError(f"{path} is not a readable safetensors file: {e}") from e
+        if weight_map is not None:
+            absent = sorted(k for k, p in weight_map.items() if names.get(k) != p)
+            if absent:
+                raise ConversionError(
+                    f"{src / 'model.safetensors.index.json'} lists tensors that are not in the file it names: "
+                    f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}; the index and the shards disagree")
+            names = dict(weight_map)  # only what the index lists; stray tensors in a shard are not the model's
         has_head = "lm_head.weight" in names
         modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
         short = {m.split(".")[-1] for m in modules}
