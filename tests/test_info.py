@@ -14,7 +14,7 @@ OMNI_INFO = str(Path(sys.executable).with_name("omni-info"))
 def _info(*args, prefix=(), **env):
     proc = subprocess.run([*prefix, OMNI_INFO, "--json", *args], env=clean_env(**env),
                           capture_output=True, text=True, timeout=600)
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(proc.stdout)  # stdout is the report alone; vLLM logs to stderr
     return proc.returncode, report
 
 

@@ -3,6 +3,9 @@
 Per patch: target found, fingerprint matching, switched on, applied in this process and
 (``--worker``) applied in the worker of a minimal engine (a tiny random Llama). Exit 1
 when a switched-on patch is not applied (or cannot be).
+
+stdout carries only the report: vLLM's own log goes to stderr (``VLLM_LOGGING_STREAM``,
+unless you set it), so ``--json`` output can be parsed whole.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--worker", action="store_true")
     st.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # before vLLM is imported
     from omni_patches.apply import apply_all, status
     from omni_patches.guards import PatchRefused, installed_vllm_version
 

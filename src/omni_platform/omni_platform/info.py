@@ -9,6 +9,9 @@ inside the worker of a minimal engine (a tiny random Llama from
 Exit status: 0 when consistent; 1 when a name in ``VLLM_PLUGINS`` matches no
 installed vLLM plugin, or omni's extensions are enabled while the platform is not
 OmniPlatform (or the worker's is not); 2 on a usage error.
+
+stdout carries only the report: vLLM's own log goes to stderr (``VLLM_LOGGING_STREAM``,
+unless you set it), so ``--json`` output can be parsed whole.
 """
 
 from __future__ import annotations
@@ -180,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="checkpoint for --worker (default: a tiny random Llama)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # before vLLM is imported
     report, problems = collect(worker=args.worker, model=args.model)
     if args.json:
         print(json.dumps({**report, "problems": problems}))

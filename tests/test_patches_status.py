@@ -1,0 +1,50 @@
+"""``omni-patches status --worker``: the console script, against a real engine's worker."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import clean_env
+
+OMNI_PATCHES = str(Path(sys.executable).with_name("omni-patches"))
+NAMES = {"_patch_cpu_aot_compile_cache_load", "_patch_cpu_explicit_kv_cache_memory",
+         "_patch_cpu_release_memory_after_load"}
+
+
+def _status(*args, **env):
+    proc = subprocess.run([OMNI_PATCHES, "status", "--json", *args], env=clean_env(VLLM_PLUGINS="omni", **env),
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads(proc.stdout), proc  # stdout is the report alone
+
+
+@pytest.mark.engine
+def test_status_worker_shows_all_three_applied_in_the_worker():
+    rc, report, proc = _status("--worker")
+    assert rc == 0, proc.stderr[-2000:]
+    assert report["vllm"] == "0.28.0" and report["error"] is None
+    rows = {r["name"]: r for r in report["patches"]}
+    assert set(rows) == NAMES
+    for r in rows.values():
+        assert (r["targets_found"], r["fingerprints_match"], r["enabled"], r["applied"], r["applied_in_worker"]) \
+            == (True, True, True, True, True), r
+    assert "omni-patches: applied" in proc.stderr, "vLLM's log goes to stderr"
+
+
+@pytest.mark.engine
+def test_status_worker_reports_a_switched_off_patch_as_off_everywhere():
+    rc, report, proc = _status("--worker", OMNI_PATCH_KV_CACHE_OFF="1")
+    assert rc == 0, proc.stderr[-2000:]
+    rows = {r["name"]: r for r in report["patches"]}
+    off = rows.pop("_patch_cpu_explicit_kv_cache_memory")
+    assert (off["enabled"], off["applied"], off["applied_in_worker"]) == (False, False, False)
+    assert all(r["applied_in_worker"] for r in rows.values())
+
+
+def test_status_without_worker_starts_no_engine():
+    rc, report, proc = _status()
+    assert rc == 0, proc.stderr[-2000:]
+    assert {r["name"] for r in report["patches"]} == NAMES
+    assert all(r["applied"] and r["applied_in_worker"] is None for r in report["patches"])
+    assert "EngineCore" not in proc.stderr
