@@ -2,7 +2,7 @@
 
     python harness/run_vllm.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
         [--context-len 16] [--concurrency 8] [--max-num-seqs 8] [--enforce-eager]
-        [--kv-cache-memory-bytes N] [--quantization Q]
+        [--kv-cache-memory-bytes N] [--quantization Q] [--max-num-batched-tokens N]
 
 Prints one JSON object on its last stdout line: ``metrics`` and ``provenance``.
 
@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None,
+                    help="vLLM's token budget per step; also the size of the compiled-mode warm-up run")
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
     if args.quantization:
         kwargs["quantization"] = args.quantization
+    if args.max_num_batched_tokens:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     start_s = time.perf_counter() - t0
