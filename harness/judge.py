@@ -39,7 +39,8 @@ def summarize(tag: str, values: list[float], failed: int, metric: Metric) -> Arm
     ``spread_pct`` is (max - min) / median x 100.
     """
     if not values:
-        return ArmSummary(tag, 0, failed, None, None, None, None, None, "no good pass")
+        # an arm that never reports a metric (llama.cpp has no 8-stream run) has not failed
+        return ArmSummary(tag, 0, failed, None, None, None, None, None, "no good pass" if failed else "not reported")
     med = statistics.median(values)
     lo, hi = min(values), max(values)
     spread = (hi - lo) / abs(med) * 100 if med else float("inf")

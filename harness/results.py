@@ -3,6 +3,7 @@
     python harness/results.py list [--dir harness/results]
     python harness/results.py plot FILE [--out PNG]
     python harness/results.py retract FILE --reason TEXT [--superseded-by FILE]
+    python harness/results.py supersede FILE --by FILE
 
 A retracted artifact keeps all its data and gains ``"retracted": true`` with the
 reason, the superseding file and the time; ``list`` shows both kinds.
@@ -20,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-__all__ = ["list_results", "main", "plot", "retract"]
+__all__ = ["list_results", "main", "plot", "retract", "supersede"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -90,6 +91,30 @@ def retract(path: Path, reason: str, superseded_by: str | None) -> dict:
     return data
 
 
+def supersede(path: Path, by: str) -> dict:
+    """Name the artifact that supersedes the already retracted ``path`` (atomically).
+
+    For a retraction made before its replacement existed. The reason and the data stay.
+
+    Raises:
+        ValueError: ``path`` is not an artifact, is not retracted, or already names a
+            superseding artifact; ``by`` is not an existing artifact.
+    """
+    data = _load(path)
+    if not data.get("retracted"):
+        raise ValueError(f"{path} is not retracted; use `retract {path} --reason ... --superseded-by {by}`")
+    if data["retraction"].get("superseded_by"):
+        raise ValueError(f"{path} is already superseded by {data['retraction']['superseded_by']}")
+    target = Path(by) if Path(by).is_absolute() else path.parent / by
+    _load(target)
+    data["retraction"]["superseded_by"] = by
+    data["retraction"]["superseded_unix"] = time.time()
+    tmp = path.with_suffix(path.suffix + ".partial")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return data
+
+
 def plot(path: Path, out: Path | None = None) -> Path:
     """Draw each summarized metric as bars of the arms' medians with min-max whiskers (PNG)."""
     import matplotlib
@@ -150,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p_ret.add_argument("file", type=Path)
     p_ret.add_argument("--reason", required=True)
     p_ret.add_argument("--superseded-by", default=None)
+    p_sup = sub.add_parser("supersede")
+    p_sup.add_argument("file", type=Path)
+    p_sup.add_argument("--by", required=True, help="the superseding artifact (relative to FILE's directory)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":
@@ -157,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['file']:60s} {_state(r):30s} {r['verdict']}")
         elif args.cmd == "plot":
             print(plot(args.file, args.out))
+        elif args.cmd == "supersede":
+            supersede(args.file, args.by)
+            print(f"{args.file} superseded by {args.by}")
         else:
             retract(args.file, args.reason, args.superseded_by)
             print(f"retracted {args.file}")

@@ -155,6 +155,29 @@ def test_results_list_plot_and_retract(tmp_path):
     assert again.returncode == 2 and "already retracted" in again.stderr
     listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert "RETRACTED (cores were busy)" in listing.stdout
+    again = subprocess.run([*results, "supersede", str(out), "--by", "other.json"], capture_output=True, text=True)
+    assert again.returncode == 2 and "already superseded by new.json" in again.stderr
+
+
+def test_supersede_a_retraction_made_before_its_replacement(tmp_path):
+    ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
+    _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    (tmp_path / "out.json").rename(old)
+    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    early = subprocess.run([*results, "supersede", str(old), "--by", "new.json"], capture_output=True, text=True)
+    assert early.returncode == 2 and "is not retracted" in early.stderr
+    subprocess.run([*results, "retract", str(old), "--reason", "judge bug"], check=True, capture_output=True)
+    missing = subprocess.run([*results, "supersede", str(old), "--by", "new.json"], capture_output=True, text=True)
+    assert missing.returncode == 2 and "new.json" in missing.stderr, "the replacement must exist"
+    _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
+    (tmp_path / "out.json").rename(new)
+    before = json.loads(old.read_text())
+    done = subprocess.run([*results, "supersede", str(old), "--by", "new.json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    after = json.loads(old.read_text())
+    assert after["retraction"]["superseded_by"] == "new.json" and after["retraction"]["reason"] == "judge bug"
+    assert after["runs"] == before["runs"]
 
 
 def test_non_finite_metrics_are_failed_passes_not_winners(tmp_path):

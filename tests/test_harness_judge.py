@@ -87,3 +87,9 @@ def test_order_stops_at_the_first_pair_inside_the_noise():
                summarize("slow", [19.5, 21.0], 0, m)], m)
     assert v.ranking == ["fast"]
     assert "fast > {mid, slow}" in v.text and "not ranked among themselves" in v.text
+
+
+def test_an_arm_that_never_reports_a_metric_is_not_called_failed():
+    m = get_metric("agg_tg_tps")
+    assert summarize("llamacpp", [], 0, m).label == "not reported"
+    assert summarize("broken", [], 2, m).label == "no good pass"
