@@ -214,3 +214,57 @@ def test_index_naming_a_tensor_its_shard_lacks_is_refused(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "model.layers.0.mlp.extra_proj.weight" in proc.stderr and "disagree" in proc.stderr
     assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]
+
+
+def test_hugging_face_snapshot_with_symlinked_shards_converts(tmp_path):
+    """A snapshot_download layout: snapshots/REV/* are symlinks into ../../blobs/."""
+    src = write_checkpoint(tmp_path / "plain")
+    _shard(src)
+    snap = tmp_path / "models--x--y" / "snapshots" / "abc123"
+    blobs = tmp_path / "models--x--y" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for i, f in enumerate(sorted(src.iterdir())):
+        (blobs / f"blob{i}").write_bytes(f.read_bytes())
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", f"blob{i}"))
+    convert(snap, tmp_path / "dst")
+    assert "model.layers.0.mlp.down_proj.qweight" in _tensors(tmp_path / "dst")
+
+
+@pytest.mark.parametrize("case", ["empty_index", "missing_layer", "duplicate_in_named_shard"])
+def test_index_inventory(tmp_path, case):
+    src = write_checkpoint(tmp_path / "src", layers=2)
+    t = _shard(src)
+    index = src / "model.safetensors.index.json"
+    dst = tmp_path / "out" / "deeper" / "dst"
+    if case == "empty_index":
+        index.write_text(json.dumps({"weight_map": {}}))
+        expect = "lists no tensors"
+    elif case == "missing_layer":
+        wm = json.loads(index.read_text())["weight_map"]
+        index.write_text(json.dumps({"weight_map": {k: v for k, v in wm.items() if ".layers.1." not in k}}))
+        expect = "no tensor of layer(s) [1]"
+    else:  # the embedding sits in both shards; the index names the first: that is consistent
+        shard = src / "model-00002-of-00002.safetensors"
+        both = load_file(str(shard)) | {"model.embed_tokens.weight": t["model.embed_tokens.weight"]}
+        save_file(both, str(shard))
+        wm = json.loads(index.read_text())["weight_map"]
+        wm["model.embed_tokens.weight"] = "model-00001-of-00002.safetensors"
+        index.write_text(json.dumps({"weight_map": wm}))
+        expect = None
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
+    if expect is None:
+        assert proc.returncode == 0, proc.stderr
+        return
+    assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists(), "no directory of ours is left behind"
+
+
+def test_a_failure_after_start_removes_the_parents_it_made(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    raw = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(raw[: len(raw) - 1000])  # header intact, data cut short
+    dst = tmp_path / "new" / "dst"
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert not (tmp_path / "new").exists()

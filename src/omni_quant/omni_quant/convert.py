@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -60,41 +61,77 @@ def _is_quantizable(name: str) -> bool:
     return name.endswith(".weight") and (module.split(".")[-1] in LINEAR_MODULES or module == "lm_head")
 
 
-def _open_sources(src: Path) -> tuple[list[Path], dict[str, Path] | None]:
-    """The safetensors files of ``src`` and, when it has an index, its ``weight_map``.
+def _tensor_inventory(src: Path, config: dict) -> dict[str, Path]:
+    """Which tensors of ``src`` make the model, and the file each is read from.
 
-    Returns ``(paths, weight_map)``: with ``model.safetensors.index.json`` the tensors to
-    convert are exactly the names the index lists, each read from the file it names (as
-    transformers loads them); without one, ``weight_map`` is ``None`` and every tensor of
-    ``model.safetensors`` is converted.
+    With ``model.safetensors.index.json`` the model is exactly the names its
+    ``weight_map`` lists, each read from the file it names (as transformers loads
+    them; a stray tensor in a shard is ignored). Without one, it is every tensor of
+    ``model.safetensors``. Shard names are checked as names, so the symlinks of a
+    Hugging Face cache snapshot (pointing into ``blobs/``) are accepted. Each layer
+    ``0 .. num_hidden_layers - 1`` of ``config`` must have at least one tensor.
 
     Raises:
-        ConversionError: no safetensors checkpoint, a malformed index, a file outside
-            ``src`` or missing.
+        ConversionError: no safetensors checkpoint; a malformed or empty index; a
+            shard name that leaves ``src`` or is missing or unreadable; an index entry
+            whose shard lacks the tensor; layers missing.
     """
+    from safetensors import SafetensorError, safe_open
+
     index = src / "model.safetensors.index.json"
-    weight_map: dict[str, Path] | None = None
+    fix = f"re-export the checkpoint, or point SRC at a complete Hugging Face checkpoint"
     if index.is_file():
         try:
             raw = json.loads(index.read_text())["weight_map"]
             if not isinstance(raw, dict) or not all(isinstance(f, str) for f in raw.values()):
                 raise ValueError("weight_map must map tensor names to file names")
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ConversionError(f"{index} is not a valid safetensors index: {e}") from e
-        files = sorted(set(raw.values()))
-        outside = [f for f in files if not (src / f).resolve().is_relative_to(src.resolve())]
+        except KeyError:
+            raise ConversionError(f"{index} has no weight_map; {fix}") from None
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ConversionError(f"{index} is not a valid safetensors index: {e}; {fix}") from e
+        if not raw:
+            raise ConversionError(f"{index} lists no tensors; {fix}")
+        files = {f: os.path.normpath(f) for f in set(raw.values())}
+        outside = sorted(f for f, n in files.items() if os.path.isabs(n) or n == "." or n.split(os.sep)[0] == "..")
         if outside:
-            raise ConversionError(f"{index} points outside the checkpoint: {outside}")
-        paths = [src / f for f in files]
-        weight_map = {name: src / f for name, f in raw.items()}
+            raise ConversionError(f"{index} points outside the checkpoint: {outside}; {fix}")
+        wanted = {name: files[f] for name, f in raw.items()}
     elif (src / "model.safetensors").is_file():
-        paths = [src / "model.safetensors"]
+        wanted = None
+        files = {"model.safetensors": "model.safetensors"}
     else:
         raise ConversionError(f"{src} holds no model.safetensors (nor an index); convert a safetensors checkpoint")
-    for p in paths:
-        if not p.is_file():
-            raise ConversionError(f"{p} is listed by the index but missing")
-    return paths, weight_map
+    keys: dict[str, set[str]] = {}
+    for rel in sorted(set(files.values())):
+        path = src / rel
+        try:
+            if not path.is_file():
+                raise ConversionError(f"{path} is listed by the index but is not a file; {fix}")
+            with safe_open(str(path), framework="pt") as f:
+                keys[rel] = set(f.keys())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ConversionError(f"{path} is not a readable safetensors file: {e}; {fix}") from e
+    if wanted is None:
+        names = {k: src / "model.safetensors" for k in keys["model.safetensors"]}
+    else:
+        absent = sorted(k for k, rel in wanted.items() if k not in keys[rel])
+        if absent:
+            raise ConversionError(
+                f"{index} lists tensors that are not in the file it names: {', '.join(absent[:5])}"
+                f"{' ...' if len(absent) > 5 else ''}; the index and the shards disagree: {fix}")
+        names = {k: src / rel for k, rel in wanted.items()}
+    n_layers = config.get("num_hidden_layers")
+    if isinstance(n_layers, int) and n_layers > 0:
+        present = {int(m.group(1)) for m in map(_LAYER.search, names) if m}
+        missing = sorted(set(range(n_layers)) - present)
+        if missing:
+            raise ConversionError(
+                f"{src}: config.json says num_hidden_layers={n_layers} but the checkpoint has no tensor of "
+                f"layer(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}; a truncated checkpoint: {fix}")
+    return names
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 class _ShardWriter:
@@ -167,9 +204,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     if "quantization_config" in config:
         raise ConversionError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
                               "convert a bf16/fp16/fp32 checkpoint")
-    sources, weight_map = _open_sources(src)
+    names = _tensor_inventory(src, config)  # before anything is written
     tied = bool(config.get("tie_word_embeddings", False))
 
+    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # ours to remove on failure
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
@@ -179,21 +217,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         reports: list[TensorReport] = []
         per_module: dict[str, int] = {}
         writer = _ShardWriter(tmp)
-        names: dict[str, Path] = {}
-        for path in sources:
-            try:
-                with safe_open(str(path), framework="pt") as f:
-                    for k in f.keys():
-                        names[k] = path
-            except (SafetensorError, OSError, ValueError) as e:
-                raise ConversionError(f"{path} is not a readable safetensors file: {e}") from e
-        if weight_map is not None:
-            absent = sorted(k for k, p in weight_map.items() if names.get(k) != p)
-            if absent:
-                raise ConversionError(
-                    f"{src / 'model.safetensors.index.json'} lists tensors that are not in the file it names: "
-                    f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}; the index and the shards disagree")
-            names = dict(weight_map)  # only what the index lists; stray tensors in a shard are not the model's
         has_head = "lm_head.weight" in names
         modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
         short = {m.split(".")[-1] for m in modules}
@@ -293,5 +316,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             raise ConversionError(f"destination {dst} appeared while converting ({e}); nothing written") from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:  # innermost first; only directories this call made, and only if empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
         raise
     return reports
