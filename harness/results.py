@@ -57,32 +57,55 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
                          "verdict": f"UNREADABLE: {e}", "ok_passes": 0, "failed_passes": 0, "labels": [],
                          "retracted": False, "retraction": None})
             continue
-        rows.append({
-            "file": path.name,
-            "kind": data.get("kind"),
-            "created_unix": data.get("created_unix"),
-            "git_sha": data.get("provenance", {}).get("git_sha"),
-            "verdict": data.get("verdict", {}).get("text"),
-            "ok_passes": sum(1 for r in data.get("runs", []) if r.get("ok")),
-            "failed_passes": sum(1 for r in data.get("runs", []) if not r.get("ok")),
-            "labels": list(data.get("labels", [])),
-            "retracted": bool(data.get("retracted")),
-            "retraction": data.get("retraction"),
-        })
+        try:
+            runs = data.get("runs") or []
+            rows.append({
+                "file": path.name,
+                "kind": data.get("kind"),
+                "created_unix": data.get("created_unix"),
+                "git_sha": (data.get("provenance") or {}).get("git_sha"),
+                "verdict": (data.get("verdict") or {}).get("text"),
+                "ok_passes": sum(1 for r in runs if r.get("ok")),
+                "failed_passes": sum(1 for r in runs if not r.get("ok")),
+                "labels": [str(label) for label in data.get("labels") or []],
+                "retracted": bool(data.get("retracted")),
+                "retraction": data.get("retraction") or ({"reason": "?"} if data.get("retracted") else None),
+            })
+        except (AttributeError, TypeError) as e:
+            rows.append({"file": path.name, "kind": None, "created_unix": None, "git_sha": None,
+                         "verdict": f"UNREADABLE: malformed artifact ({e})", "ok_passes": 0, "failed_passes": 0,
+                         "labels": [], "retracted": False, "retraction": None})
     return rows
+
+
+def _check_replacement(path: Path, by: str) -> None:
+    """``by`` (absolute, or relative to ``path``'s directory) is another, published artifact."""
+    target = Path(by) if Path(by).is_absolute() else path.parent / by
+    if target.resolve() == path.resolve():
+        raise ValueError(f"{path} cannot supersede itself")
+    try:
+        data = _load(target)
+    except OSError as e:
+        raise ValueError(f"superseding artifact {target} cannot be read ({e}); --by is relative to "
+                         f"{path.parent}") from None
+    if data.get("retracted"):
+        raise ValueError(f"superseding artifact {target} is itself retracted; name the one that replaced it")
 
 
 def retract(path: Path, reason: str, superseded_by: str | None) -> dict:
     """Mark ``path`` retracted in place (atomically); its data stays.
 
     Raises:
-        ValueError: no reason given, the file is not an artifact, or already retracted.
+        ValueError: no reason given, the file is not an artifact, already retracted, or
+            ``superseded_by`` is not another published artifact.
     """
     if not reason.strip():
         raise ValueError("a retraction needs a reason")
     data = _load(path)
     if data.get("retracted"):
         raise ValueError(f"{path} is already retracted: {data.get('retraction')}")
+    if superseded_by:
+        _check_replacement(path, superseded_by)
     data["retracted"] = True
     data["retraction"] = {"reason": reason, "superseded_by": superseded_by, "retracted_unix": time.time()}
     tmp = path.with_suffix(path.suffix + ".partial")
@@ -98,15 +121,16 @@ def supersede(path: Path, by: str) -> dict:
 
     Raises:
         ValueError: ``path`` is not an artifact, is not retracted, or already names a
-            superseding artifact; ``by`` is not an existing artifact.
+            superseding artifact; ``by`` is itself, missing, not an artifact, or retracted.
     """
     data = _load(path)
     if not data.get("retracted"):
         raise ValueError(f"{path} is not retracted; use `retract {path} --reason ... --superseded-by {by}`")
+    if not isinstance(data.get("retraction"), dict):
+        data["retraction"] = {"reason": None}
     if data["retraction"].get("superseded_by"):
         raise ValueError(f"{path} is already superseded by {data['retraction']['superseded_by']}")
-    target = Path(by) if Path(by).is_absolute() else path.parent / by
-    _load(target)
+    _check_replacement(path, by)
     data["retraction"]["superseded_by"] = by
     data["retraction"]["superseded_unix"] = time.time()
     tmp = path.with_suffix(path.suffix + ".partial")
@@ -154,7 +178,8 @@ def plot(path: Path, out: Path | None = None) -> Path:
 def _state(row: dict) -> str:
     """How ``list`` shows a row: retracted, no result (no good pass), or published with its labels."""
     if row["retracted"]:
-        return f"RETRACTED ({row['retraction']['reason']})"
+        by = (row["retraction"] or {}).get("superseded_by")
+        return f"RETRACTED ({(row['retraction'] or {}).get('reason')})" + (f", superseded by {by}" if by else "")
     if row["kind"] is None:
         return "unreadable"
     if row["ok_passes"] == 0:
@@ -182,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "list":
             for r in list_results(args.dir):
-                print(f"{r['file']:60s} {_state(r):30s} {r['verdict']}")
+                print(f"{r['file']}\n    {_state(r)}\n    {r['verdict']}")
         elif args.cmd == "plot":
             print(plot(args.file, args.out))
         elif args.cmd == "supersede":

@@ -145,6 +145,7 @@ def test_results_list_plot_and_retract(tmp_path):
     png = subprocess.run([*results, "plot", str(out)], capture_output=True, text=True, timeout=120)
     assert png.returncode == 0 and Path(png.stdout.strip()).read_bytes()[:4] == b"\x89PNG"
     before = json.loads(out.read_text())
+    (tmp_path / "new.json").write_text(out.read_text())  # the replacement must exist and be published
     r = subprocess.run([*results, "retract", str(out), "--reason", "cores were busy", "--superseded-by", "new.json"],
                        capture_output=True, text=True)
     assert r.returncode == 0
@@ -255,9 +256,41 @@ def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
     assert proc.returncode == 0 and not any(r["ok"] for r in art["runs"])
     results = [sys.executable, str(REPO / "harness" / "results.py")]
     listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
-    line = next(ln for ln in listing.stdout.splitlines() if ln.startswith("out.json"))
-    assert "NO RESULT (all 2 passes failed)" in line and "published" not in line
+    lines = listing.stdout.splitlines()
+    state = lines[lines.index("out.json") + 1]
+    assert "NO RESULT (all 2 passes failed)" in state and "published" not in state
     bad = tmp_path / "notes.json"
     bad.write_text("this is not json")
     plot = subprocess.run([*results, "plot", str(bad)], capture_output=True, text=True, timeout=120)
     assert plot.returncode == 2 and str(bad) in plot.stderr and "not JSON" in plot.stderr
+
+
+def test_replacements_must_be_other_published_artifacts_and_bad_rows_do_not_stop_list(tmp_path):
+    ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
+    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    names = []
+    for name in ("a.json", "b.json", "c.json"):
+        _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
+        (tmp_path / "out.json").rename(tmp_path / name)
+        names.append(tmp_path / name)
+    a, b, c = names
+
+    def run(*args):
+        return subprocess.run([*results, *map(str, args)], capture_output=True, text=True)
+
+    r = run("retract", a, "--reason", "x", "--superseded-by", "missing.json")
+    assert r.returncode == 2 and "missing.json" in r.stderr and json.loads(a.read_text())["retracted"] is False
+    assert run("retract", b, "--reason", "y").returncode == 0
+    r = run("retract", a, "--reason", "x", "--superseded-by", "b.json")
+    assert r.returncode == 2 and "itself retracted" in r.stderr
+    assert run("retract", a, "--reason", "x").returncode == 0
+    r = run("supersede", a, "--by", "a.json")
+    assert r.returncode == 2 and "cannot supersede itself" in r.stderr
+    assert run("supersede", a, "--by", "c.json").returncode == 0
+    bad = json.loads(c.read_text()) | {"provenance": None, "runs": ["x"], "labels": [3]}
+    (tmp_path / "d.json").write_text(json.dumps(bad))
+    listing = run("list", "--dir", tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    out = listing.stdout.splitlines()
+    assert "UNREADABLE: malformed artifact" in out[out.index("d.json") + 2]
+    assert "superseded by c.json" in out[out.index("a.json") + 1]
