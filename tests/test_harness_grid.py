@@ -220,34 +220,53 @@ def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
     assert not marker.exists(), "no arm may run before the arguments are known good"
 
 
-def test_code_changed_during_a_run_is_labelled(tmp_path):
-    """Provenance is taken before the first pass; an edit made while the arms run is labelled."""
+def _harness_copy(root: Path, git: bool) -> tuple[Path, str | None]:
     import shutil
 
-    repo = tmp_path / "repo"
-    shutil.copytree(REPO / "harness", repo / "harness", ignore=shutil.ignore_patterns("results", "__pycache__"))
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    edit = ("import json; open(%r, 'a').write('# edited\\n'); print(json.dumps({'tokens_per_s': 1.0}))"
-            % str(repo / "harness" / "metrics.py"))
-    quiet = "import json; print(json.dumps({'tokens_per_s': 1.0}))"
-    for name, code, changed in (("quiet", quiet, False), ("edit", edit, True)):
-        spec = tmp_path / f"{name}.json"
-        spec.write_text(json.dumps({"arms": [_arm("a", code)]}))
-        out = tmp_path / f"{name}-out.json"
-        proc = subprocess.run([sys.executable, str(repo / "harness" / "bench_harness.py"), "--spec", str(spec),
-                               "--passes", "2", "--metric", "tokens_per_s", "--cores", CORES, "--out", str(out),
-                               "--allow-busy"], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        art = json.loads(out.read_text())
-        prov = art["provenance"]
-        assert prov["git_sha"] == head and prov["git_dirty"] is False, "stamped as it was before the first pass"
-        labelled = any(label.startswith("CODE CHANGED DURING RUN") for label in art["labels"])
-        assert labelled is changed, (name, art["labels"])
-        assert ("git_state_end" in prov) is changed
+    shutil.copytree(REPO / "harness", root / "harness", ignore=shutil.ignore_patterns("results", "__pycache__"))
+    if not git:
+        return root, None
+    cmd = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(root)]
+    subprocess.run([*cmd, "init", "-q"], check=True)
+    subprocess.run([*cmd, "add", "-A"], check=True)
+    subprocess.run([*cmd, "commit", "-qm", "x"], check=True)
+    return root, subprocess.run([*cmd, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.mark.parametrize("case", ["quiet_out_inside", "tracked_edit", "untracked_edit", "no_git"])
+def test_code_changed_during_a_run_is_labelled(tmp_path, case):
+    """Provenance is taken before the first pass; code edited while the arms run is labelled,
+    the run's own output is not a code change, and a tree git cannot read is said so."""
+    repo, head = _harness_copy(tmp_path / "repo", git=case != "no_git")
+    out = tmp_path / "out.json"
+    target = repo / "harness" / "metrics.py"
+    if case == "quiet_out_inside":
+        out = repo / "runs" / "out.json"  # the artifact and its caches land inside the checkout
+    if case == "untracked_edit":
+        target = repo / "harness" / "scratch_mod.py"
+        target.write_text("x = 1\n")  # untracked before the run
+    write = ("import json, os; open(%r, 'a').write('# edited\\n');"
+             " os.makedirs(os.environ['VLLM_CACHE_ROOT'], exist_ok=True);"
+             " print(json.dumps({'tokens_per_s': 1.0}))") % str(target)
+    quiet = ("import json, os; os.makedirs(os.environ['VLLM_CACHE_ROOT'], exist_ok=True);"
+             " print(json.dumps({'tokens_per_s': 1.0}))")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arms": [_arm("a", quiet if case in ("quiet_out_inside", "no_git") else write)]}))
+    proc = subprocess.run([sys.executable, str(repo / "harness" / "bench_harness.py"), "--spec", str(spec),
+                           "--passes", "2", "--metric", "tokens_per_s", "--cores", CORES, "--out", str(out),
+                           "--allow-busy"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    art = json.loads(out.read_text())
+    prov, labels = art["provenance"], art["labels"]
+    changed = any(label.startswith("CODE CHANGED DURING RUN") for label in labels)
+    if case == "no_git":
+        assert prov["git_sha"] is None and prov["git_dirty"] is None and prov["git_state"] is None
+        assert any(label.startswith("NO GIT PROVENANCE") for label in labels) and not changed
+        return
+    assert prov["git_sha"] == head, "stamped as it was before the first pass"
+    assert prov["git_dirty"] is (case == "untracked_edit")
+    assert changed is (case != "quiet_out_inside"), labels
+    assert ("git_state_end" in prov) is changed
 
 
 def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
