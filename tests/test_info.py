@@ -73,3 +73,10 @@ def test_invalid_or_unknown_omni_settings_exit_1():
     assert rc == 1 and any("OMNI_KV_CACHE_MAX_FRACTION='abc'" in p for p in report["problems"])
     rc, report = _info(VLLM_PLUGINS="omni", OMNI_KV_CACHE_MAX_FRAC="0.3")
     assert rc == 1 and any("OMNI_KV_CACHE_MAX_FRAC is set but is no omni setting" in p for p in report["problems"])
+
+
+def test_invalid_switch_value_is_a_problem_not_a_crash():
+    rc, report = _info(VLLM_PLUGINS="omni", OMNI_PATCH_KV_CACHE_OFF="maybe")
+    assert rc == 1
+    assert report["problems"] == [p for p in report["problems"] if "OMNI_PATCH_KV_CACHE_OFF='maybe'" in p] != []
+    assert report["extensions_error"] and "maybe" in report["extensions_error"]

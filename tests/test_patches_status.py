@@ -48,3 +48,10 @@ def test_status_without_worker_starts_no_engine():
     assert {r["name"] for r in report["patches"]} == NAMES
     assert all(r["applied"] and r["applied_in_worker"] is None for r in report["patches"])
     assert "EngineCore" not in proc.stderr
+
+
+def test_an_invalid_switch_value_is_a_usage_error_with_json():
+    rc, report, proc = _status(OMNI_PATCH_KV_CACHE_OFF="maybe")
+    assert rc == 2 and report["patches"] is None
+    assert "OMNI_PATCH_KV_CACHE_OFF='maybe' is invalid" in report["error"]
+    assert "omni-patches: error:" in proc.stderr and "Traceback" not in proc.stderr

@@ -2,7 +2,7 @@
 
 Per patch: target found, fingerprint matching, switched on, applied in this process and
 (``--worker``) applied in the worker of a minimal engine (a tiny random Llama). Exit 1
-when a switched-on patch is not applied (or cannot be).
+when a switched-on patch is not applied (or cannot be); 2 when a switch's value is invalid.
 
 stdout carries only the report: vLLM's own log goes to stderr (``VLLM_LOGGING_STREAM``,
 unless you set it), so ``--json`` output can be parsed whole.
@@ -51,6 +51,11 @@ def main(argv: list[str] | None = None) -> int:
         apply_all()
     except PatchRefused as e:
         error = str(e)
+    except ValueError as e:  # an OMNI_PATCH_*_OFF value that is not a boolean: a usage error
+        if args.json:
+            print(json.dumps({"vllm": installed_vllm_version(), "error": str(e), "patches": None}))
+        print(f"omni-patches: error: {e}", file=sys.stderr)
+        return 2
     rows = [asdict(s) for s in status()]
     worker = _worker_applied() if args.worker and error is None else None
     for r in rows:

