@@ -140,7 +140,13 @@ def supersede(path: Path, by: str) -> dict:
 
 
 def plot(path: Path, out: Path | None = None) -> Path:
-    """Draw each summarized metric as bars of the arms' medians with min-max whiskers (PNG)."""
+    """Draw each summarized metric as bars of the arms' medians with min-max whiskers (PNG).
+
+    The title carries the verdict and the artifact's labels (BUSY CORES, CODE CHANGED ...).
+
+    Raises:
+        ValueError: not an artifact, or no arm has a good pass to draw.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,6 +156,9 @@ def plot(path: Path, out: Path | None = None) -> Path:
 
     data = _load(path)
     names = data["metrics"]
+    if not any(r.get("median") is not None for name in names for r in data["summary"][name]):
+        raise ValueError(f"{path} has no good pass to plot (every pass failed or reported nothing); "
+                         f"see its runs[].reason")
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
     for ax, name in zip(axes[0], names):
         m = get_metric(name)
@@ -165,8 +174,10 @@ def plot(path: Path, out: Path | None = None) -> Path:
             ax.annotate(f"n={r['n']}", (i, 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7,
                         color="white")
     title = data.get("verdict", {}).get("text", "")
+    if data.get("labels"):
+        title = " | ".join(str(label).split(":")[0] for label in data["labels"]) + "\n" + title
     if data.get("retracted"):
-        title = "RETRACTED: " + data["retraction"]["reason"]
+        title = "RETRACTED: " + str((data.get("retraction") or {}).get("reason"))
     fig.suptitle(f"{path.name}\n{title}", fontsize=8)
     fig.tight_layout()
     out = out or path.with_suffix(".png")

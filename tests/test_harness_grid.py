@@ -278,6 +278,8 @@ def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
     lines = listing.stdout.splitlines()
     state = lines[lines.index("out.json") + 1]
     assert "NO RESULT (all 2 passes failed)" in state and "published" not in state
+    empty = subprocess.run([*results, "plot", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "no good pass to plot" in empty.stderr
     bad = tmp_path / "notes.json"
     bad.write_text("this is not json")
     plot = subprocess.run([*results, "plot", str(bad)], capture_output=True, text=True, timeout=120)
