@@ -32,16 +32,6 @@ def test_status_worker_shows_all_three_applied_in_the_worker():
     assert "omni-patches: applied" in proc.stderr, "vLLM's log goes to stderr"
 
 
-@pytest.mark.engine
-def test_status_worker_reports_a_switched_off_patch_as_off_everywhere():
-    rc, report, proc = _status("--worker", OMNI_PATCH_KV_CACHE_OFF="1")
-    assert rc == 0, proc.stderr[-2000:]
-    rows = {r["name"]: r for r in report["patches"]}
-    off = rows.pop("_patch_cpu_explicit_kv_cache_memory")
-    assert (off["enabled"], off["applied"], off["applied_in_worker"]) == (False, False, False)
-    assert all(r["applied_in_worker"] for r in rows.values())
-
-
 def test_status_without_worker_starts_no_engine():
     rc, report, proc = _status()
     assert rc == 0, proc.stderr[-2000:]
