@@ -53,9 +53,7 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
         try:
             data = _load(path)
         except (ValueError, OSError) as e:
-            rows.append({"file": path.name, "kind": None, "created_unix": None, "git_sha": None,
-                         "verdict": f"UNREADABLE: {e}", "ok_passes": 0, "failed_passes": 0, "labels": [],
-                         "retracted": False, "retraction": None})
+            rows.append(_unreadable_row(path.name, str(e)))
             continue
         try:
             runs = data.get("runs") or []
@@ -72,10 +70,25 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
                 "retraction": data.get("retraction") or ({"reason": "?"} if data.get("retracted") else None),
             })
         except (AttributeError, TypeError) as e:
-            rows.append({"file": path.name, "kind": None, "created_unix": None, "git_sha": None,
-                         "verdict": f"UNREADABLE: malformed artifact ({e})", "ok_passes": 0, "failed_passes": 0,
-                         "labels": [], "retracted": False, "retraction": None})
+            rows.append(_unreadable_row(path.name, f"malformed artifact ({e})"))
     return rows
+
+
+def _unreadable_row(name: str, why: str) -> dict:
+    return {"file": name, "kind": None, "created_unix": None, "git_sha": None, "verdict": f"UNREADABLE: {why}",
+            "ok_passes": 0, "failed_passes": 0, "labels": [], "retracted": False, "retraction": None}
+
+
+def _write(path: Path, data: dict) -> None:
+    """Replace ``path`` with ``data`` atomically (a reader sees the old or the new file, never half)."""
+    tmp = path.with_suffix(path.suffix + ".partial")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def _label_names(labels: list) -> list[str]:
+    """``"BUSY CORES: run with ..."`` -> ``"BUSY CORES"``."""
+    return [str(label).split(":")[0] for label in labels]
 
 
 def _check_replacement(path: Path, by: str) -> None:
@@ -108,9 +121,7 @@ def retract(path: Path, reason: str, superseded_by: str | None) -> dict:
         _check_replacement(path, superseded_by)
     data["retracted"] = True
     data["retraction"] = {"reason": reason, "superseded_by": superseded_by, "retracted_unix": time.time()}
-    tmp = path.with_suffix(path.suffix + ".partial")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write(path, data)
     return data
 
 
@@ -133,9 +144,7 @@ def supersede(path: Path, by: str) -> dict:
     _check_replacement(path, by)
     data["retraction"]["superseded_by"] = by
     data["retraction"]["superseded_unix"] = time.time()
-    tmp = path.with_suffix(path.suffix + ".partial")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    _write(path, data)
     return data
 
 
@@ -175,7 +184,7 @@ def plot(path: Path, out: Path | None = None) -> Path:
                         color="white")
     title = data.get("verdict", {}).get("text", "")
     if data.get("labels"):
-        title = " | ".join(str(label).split(":")[0] for label in data["labels"]) + "\n" + title
+        title = " | ".join(_label_names(data["labels"])) + "\n" + title
     if data.get("retracted"):
         title = "RETRACTED: " + str((data.get("retraction") or {}).get("reason"))
     fig.suptitle(f"{path.name}\n{title}", fontsize=8)
@@ -195,7 +204,7 @@ def _state(row: dict) -> str:
         return "unreadable"
     if row["ok_passes"] == 0:
         return f"NO RESULT (all {row['failed_passes']} passes failed)"
-    labels = [label.split(":")[0] for label in row["labels"]]
+    labels = _label_names(row["labels"])
     return "published" + (f" [{'; '.join(labels)}]" if labels else "")
 
 

@@ -79,7 +79,7 @@ def _tensor_inventory(src: Path, config: dict) -> dict[str, Path]:
     from safetensors import SafetensorError, safe_open
 
     index = src / "model.safetensors.index.json"
-    fix = f"re-export the checkpoint, or point SRC at a complete Hugging Face checkpoint"
+    fix = "re-export the checkpoint, or point SRC at a complete Hugging Face checkpoint"
     if index.is_file():
         try:
             raw = json.loads(index.read_text())["weight_map"]
