@@ -94,7 +94,7 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
             f"{' > {' + ', '.join(rest) + '}' if rest else ''}; "
             f"leader gap {gap_pct:.1f}% > {needed:.1f}% (max of noise band {metric.noise_pct:g}% and both spreads)")
     if rest:
-        text += f"; the arms in braces are not ranked among themselves (inside the noise)"
+        text += "; the arms in braces are not ranked among themselves (inside the noise)"
     return Verdict([s.tag for s in order], True, text)  # ``ranking`` lists only the separated leaders
 
 
