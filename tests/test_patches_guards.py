@@ -49,7 +49,8 @@ def test_apply_twice_changes_nothing_the_second_time():
     """)
     assert out["first"] == out["second"] == ["_patch_cpu_aot_compile_cache_load",
                                              "_patch_cpu_explicit_kv_cache_memory",
-                                             "_patch_cpu_release_memory_after_load"]
+                                             "_patch_cpu_release_memory_after_load",
+                                             "_patch_cpu_small_machine_batch_defaults"]
     assert out["same"]
 
 
@@ -112,7 +113,7 @@ def test_switch_off_one_patch():
         print(json.dumps({"applied": apply_all()}))
     """, OMNI_PATCH_KV_CACHE_OFF="1")
     assert "_patch_cpu_explicit_kv_cache_memory" not in out["applied"]
-    assert len(out["applied"]) == 2
+    assert len(out["applied"]) == 3
 
 
 def test_switch_accepts_the_registry_spellings_and_rejects_others():

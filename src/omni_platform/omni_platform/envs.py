@@ -104,6 +104,12 @@ SETTINGS: dict[str, Setting] = {
             "1 switches off omni-patches' _patch_cpu_release_memory_after_load (when installed).",
         ),
         Setting(
+            "OMNI_PATCH_BATCH_DEFAULTS_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_small_machine_batch_defaults (when installed).",
+        ),
+        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _nonneg_int,
             None,

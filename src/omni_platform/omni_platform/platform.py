@@ -11,6 +11,13 @@ value chosen and why:
 - KV cache budget (:mod:`omni_platform.kv_budget`): ``kv_cache_memory_bytes`` from
   ``max_model_len`` x ``max_num_seqs`` when neither it nor ``VLLM_CPU_KVCACHE_SPACE``
   is set;
+- process layout (:mod:`omni_platform.layout`): on a small machine with one worker,
+  the worker runs inside the engine core (``vllm.LLM`` in one process, the OpenAI
+  server in two), with the torch thread count set before vLLM freezes it;
+- step budget (:mod:`omni_platform.layout`): ``--max-num-batched-tokens`` and
+  ``--max-num-seqs`` defaults for ``vllm serve`` on a small machine, through the
+  published ``pre_register_and_update(parser)`` hook (``vllm.LLM`` gets the same
+  defaults from omni-patches, since no published hook sees its arguments);
 - vLLM IR op priority: omni's CPU ``rms_norm`` providers first when
   ``OMNI_IR_CPU_NORMS=1``.
 """
@@ -26,9 +33,11 @@ from vllm.platforms.cpu import CpuPlatform
 from omni_platform import envs
 from omni_platform.binding import BindingError, CpuCore, plan_binding
 from omni_platform.kv_budget import plan_kv_cache_bytes
+from omni_platform.layout import plan_layout, small_machine_batch_defaults
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.config.kernel import IrOpPriorityConfig
 
 __all__ = ["OmniPlatform"]
@@ -59,8 +68,30 @@ class OmniPlatform(CpuPlatform):
     """
 
     @classmethod
+    def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
+        """On a small machine, lower the CLI defaults of ``--max-num-batched-tokens`` and ``--max-num-seqs``.
+
+        vLLM calls this hook with the ``vllm serve`` parser (``AsyncEngineArgs.add_cli_args``,
+        vLLM 0.28) and without one from ``create_engine_config``. A flag given on the command
+        line always wins over a parser default.
+        """
+        super().pre_register_and_update(parser)
+        if parser is None:
+            return
+        defaults = small_machine_batch_defaults(_allowed_physical_cores(), envs.OMNI_FEW_CPUS)
+        if defaults is None:
+            return
+        tokens, seqs = defaults
+        parser.set_defaults(max_num_batched_tokens=tokens, max_num_seqs=seqs)
+        logger.info(
+            "omni: default --max-num-batched-tokens %d --max-num-seqs %d (small machine, <= "
+            "OMNI_FEW_CPUS=%d cores: smaller compiled warm-up); pass either flag to override",
+            tokens, seqs, envs.OMNI_FEW_CPUS,
+        )
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        """Apply vLLM's CPU defaults, then omni's thread binding and KV cache budget.
+        """Choose the process layout, apply vLLM's CPU defaults, then omni's thread binding and KV budget.
 
         Raises:
             BindingError: the allowed CPUs cannot host the local workers.
@@ -68,9 +99,61 @@ class OmniPlatform(CpuPlatform):
         """
         kv_space_env = _user_set("VLLM_CPU_KVCACHE_SPACE")
         explicit_kv = vllm_config.cache_config.kv_cache_memory_bytes
+        in_process = cls._configure_process_layout(vllm_config)  # before super(): it rewrites uni to mp
         super().check_and_update_config(vllm_config)
         cls._configure_thread_binding(vllm_config)
+        if in_process:
+            cls._configure_in_process_threads()
         cls._configure_kv_cache(vllm_config, explicit_kv, kv_space_env)
+
+    @classmethod
+    def _configure_process_layout(cls, vllm_config: VllmConfig) -> bool:
+        """Run the worker inside the engine core where :func:`plan_layout` says so; True if it does."""
+        parallel = vllm_config.parallel_config
+        user_mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") if _user_set("VLLM_ENABLE_V1_MULTIPROCESSING") else None
+        plan = plan_layout(
+            world_size=parallel.world_size,
+            data_parallel_size=parallel.data_parallel_size,
+            executor_backend=parallel.distributed_executor_backend,
+            user_multiprocessing=user_mp,
+            user_threads_bind=_user_set("VLLM_CPU_OMP_THREADS_BIND"),
+            physical_cores=_allowed_physical_cores(),
+            few_cpus=envs.OMNI_FEW_CPUS,
+        )
+        already = "VLLM_ENABLE_V1_MULTIPROCESSING" in _auto_set()
+        if plan.in_process:
+            _mark_auto_set("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            parallel.distributed_executor_backend = "uni"
+        if not already:
+            logger.info(
+                "omni: process layout: %s because %s; override with VLLM_ENABLE_V1_MULTIPROCESSING=1 "
+                "or distributed_executor_backend='mp'",
+                "worker inside the engine core (vllm.LLM: 1 process, OpenAI server: 2)"
+                if plan.in_process else "vLLM's (front end, engine core, worker processes)",
+                plan.reason,
+            )
+        return plan.in_process
+
+    @classmethod
+    def _configure_in_process_threads(cls) -> None:
+        """Set the torch thread count for a worker that runs in this process's engine core.
+
+        vLLM's ``mp`` executor gives each worker ``OMP_NUM_THREADS`` and its CPU list
+        (``vllm/utils/ompmultiprocessing.py``); the ``uni`` executor sets nothing, and the
+        CPU worker turns ``torch.set_num_threads`` into a no-op once it starts
+        (``v1/worker/cpu_worker.py``, vLLM 0.28), so the count is set here, before it.
+        ``OMP_NUM_THREADS`` is exported too, for an engine core process spawned later.
+        """
+        import torch
+
+        cpus = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
+        n = _allowed_physical_cores()
+        if _user_set("OMP_NUM_THREADS"):
+            logger.info("omni: torch threads left to the user: OMP_NUM_THREADS=%s", os.environ["OMP_NUM_THREADS"])
+            return
+        _mark_auto_set("OMP_NUM_THREADS", str(n))
+        torch.set_num_threads(n)
+        logger.info("omni: %d torch threads for the in-process worker (cpus %s)", n, cpus)
 
     @classmethod
     def _configure_thread_binding(cls, vllm_config: VllmConfig) -> None:
@@ -164,6 +247,13 @@ class OmniPlatform(CpuPlatform):
         cls.import_ir_kernels()
         logger.info("omni: IR op priority omni_cpu, native (OMNI_IR_CPU_NORMS=1)")
         return IrOpPriorityConfig.with_default(["omni_cpu", "native"])
+
+
+def _allowed_physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on (vLLM's own ``lscpu`` reading)."""
+    from vllm.utils.cpu_resource_utils import get_allowed_cpu_list
+
+    return len({c.physical_core for c in get_allowed_cpu_list()})
 
 
 def _bytes_per_block(vllm_config: VllmConfig) -> int:

@@ -11,11 +11,9 @@ __all__ = ["register"]
 
 
 def register() -> None:
-    """Register the ``cpu_int4`` quantization config and the ``omni_quant`` custom ops."""
+    """Register the ``cpu_int4`` quantization config."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
     from omni_quant.config import QUANT_METHOD, CpuInt4Config
-    from omni_quant.ops import register_ops
 
     register_quantization_config(QUANT_METHOD)(CpuInt4Config)
-    register_ops()

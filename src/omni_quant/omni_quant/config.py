@@ -27,7 +27,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
-from omni_quant.ops import cpu_int4_linear, register_ops
+from omni_quant.ops import cpu_int4_linear
 from omni_quant.packing import FORMAT_VERSION, PackFormat, unpack
 from omni_quant.quant_math import GROUP_SIZES, choose_group_size
 
@@ -105,7 +105,7 @@ class CpuInt4Config(QuantizationConfig):
 
 @register_weight_loader_v2_supported_method
 class CpuInt4LinearMethod(LinearMethodBase):
-    """Weight-only 4-bit linear for CPU through ``torch.ops.omni_quant.cpu_int4_linear``."""
+    """Weight-only 4-bit linear for CPU: ``aten._weight_int4pack_mm_for_cpu`` called directly (:mod:`omni_quant.ops`)."""
 
     def __init__(self, config: CpuInt4Config, prefix: str = ""):
         self.config = config
@@ -145,7 +145,6 @@ class CpuInt4LinearMethod(LinearMethodBase):
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack once into torch's CPU int4 layout; drop the on-disk tensors."""
-        register_ops()
         codes = unpack(layer.qweight.data).to(torch.int32)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
         sz = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], dim=-1).contiguous()

@@ -1,59 +1,23 @@
-"""The custom op ``torch.ops.omni_quant.cpu_int4_linear``, in omni's own op namespace.
+"""The cpu_int4 linear: a direct call of torch's ``aten._weight_int4pack_mm_for_cpu``.
 
-Registered with vLLM's ``direct_register_custom_op`` (``vllm/utils/torch_utils.py``,
-vLLM 0.28) with a fake (meta) implementation, so that torch.compile traces it in vLLM's
-default compiled mode as an opaque op. Registering twice in one process is a no-op.
+No custom op stands between the model and the kernel. A Python custom op registered
+with ``direct_register_custom_op`` costs a dispatcher -> Python round trip on every
+call, eager and compiled alike (inductor's wrapper calls the Python kernel). The aten
+op is a C++ kernel that eager mode calls directly and that inductor lowers to a direct
+extern call (``torch/_inductor/quantized_lowerings.py``, PyTorch 2.13); the reshape and
+casts around it are ordinary traced tensor ops.
 
-Kernel: torch's ``aten._weight_int4pack_mm_for_cpu`` (PyTorch 2.13, CPU), which reads
-the 4-bit weights directly for any number of rows. The prefill alternative
-(dequantize to bf16, then GEMM) was measured slower at every M from 1 to 512 on this
-machine (``harness/kernel_switch.py``), so there is no switch: one path, one resident
-layout.
+Kernel: ``aten._weight_int4pack_mm_for_cpu`` reads the 4-bit weights directly for any
+number of rows. The prefill alternative (dequantize to bf16, then GEMM) was measured
+slower at every M from 1 to 512 on an AVX2 machine (``harness/kernel_switch.py``); on
+CPUs with AVX512-BF16 the ranking can reverse at large M (issue 10 measures it).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["OP_NAMESPACE", "cpu_int4_linear", "register_ops"]
-
-OP_NAMESPACE = "omni_quant"
-_lib: torch.library.Library | None = None
-
-
-def _cpu_int4_linear_impl(
-    x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.dtype != scales_and_zeros.dtype:
-        x2 = x2.to(scales_and_zeros.dtype)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), weight, group_size, scales_and_zeros)
-    return y.to(x.dtype).reshape(*shape[:-1], weight.shape[0])
-
-
-def _cpu_int4_linear_fake(
-    x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
-) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def register_ops() -> None:
-    """Define ``omni_quant::cpu_int4_linear`` (CPU kernel + fake); harmless when repeated."""
-    global _lib
-    if _lib is not None or hasattr(torch.ops, OP_NAMESPACE) and hasattr(torch.ops.omni_quant, "cpu_int4_linear"):
-        return
-    from vllm.utils.torch_utils import direct_register_custom_op
-
-    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-    direct_register_custom_op(
-        "cpu_int4_linear",
-        _cpu_int4_linear_impl,
-        fake_impl=_cpu_int4_linear_fake,
-        target_lib=lib,
-        dispatch_key="CPU",
-    )
-    _lib = lib
+__all__ = ["cpu_int4_linear"]
 
 
 def cpu_int4_linear(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
@@ -71,7 +35,15 @@ def cpu_int4_linear(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: tor
 
     Returns:
         ``[..., N]`` in ``x``'s dtype.
+
+    Raises:
+        RuntimeError: from aten when K is not a multiple of ``group_size`` or the shapes
+            of ``weight`` and ``scales_and_zeros`` disagree.
     """
-    register_ops()
-    y = torch.ops.omni_quant.cpu_int4_linear(x, weight, scales_and_zeros, group_size)
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.dtype != scales_and_zeros.dtype:
+        x2 = x2.to(scales_and_zeros.dtype)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), weight, group_size, scales_and_zeros)
+    y = y.to(x.dtype).reshape(*shape[:-1], weight.shape[0])
     return y if bias is None else y + bias

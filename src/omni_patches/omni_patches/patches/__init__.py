@@ -29,9 +29,10 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The three patches, in application order."""
+    """The four patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
+    from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.kv_cache import PATCH as KV
     from omni_patches.patches.release_memory import PATCH as RELEASE
 
-    return [AOT, KV, RELEASE]
+    return [AOT, KV, RELEASE, BATCH]
