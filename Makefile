@@ -40,7 +40,7 @@ demo: $(STAMP)
 
 serve: $(STAMP)
 	VLLM_PLUGINS=omni $(VENV)/bin/omni-vllm serve "$$($(PY) -m harness.models fetch $(MODEL) | tail -n 1)" \
-	    --served-model-name $(MODEL) --host 127.0.0.1 --port $(PORT) --max-model-len 2048 --max-num-seqs 8
+	    --served-model-name $(MODEL) --host 127.0.0.1 --port $(PORT) --max-model-len 2048
 
 # llama.cpp baseline: pip builds llama-cpp-python from source (about 5 minutes).
 bench-setup: $(LCP_STAMP)

@@ -1,7 +1,7 @@
 """The main job (``make demo``): serve the real model with vLLM + OmniPlatform, ask it, stop.
 
-Starts vLLM's OpenAI-compatible server (``omni-vllm serve``, i.e. ``vllm serve``, eager mode so
-that start-up takes about a minute on two cores rather than three) on
+Starts vLLM's OpenAI-compatible server (``omni-vllm serve``, i.e. ``vllm serve``, in vLLM's
+default compiled mode and OmniPlatform's default layout and step budget) on
 127.0.0.1 with ``VLLM_PLUGINS=omni``, waits for ``/health``, sends one chat request
 with the ``openai`` client (greedy, streamed), prints the reply, the engine start-up
 seconds (launch to healthy) and the decode rate (tok/s, from the first streamed token
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [
         str(Path(sys.executable).with_name("omni-vllm")), "serve", str(model_dir),
         "--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager", *args.server_arg,
+        "--max-model-len", "2048", *args.server_arg,
     ]
     env = {**os.environ, "VLLM_PLUGINS": "omni"}
     print(f"$ VLLM_PLUGINS=omni {' '.join(cmd)}\n  (server log: {log})", flush=True)

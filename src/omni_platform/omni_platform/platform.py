@@ -83,7 +83,7 @@ class OmniPlatform(CpuPlatform):
             return
         tokens, seqs = defaults
         parser.set_defaults(max_num_batched_tokens=tokens, max_num_seqs=seqs)
-        logger.info(
+        logger.info_once(
             "omni: default --max-num-batched-tokens %d --max-num-seqs %d (small machine, <= "
             "OMNI_FEW_CPUS=%d cores: smaller compiled warm-up); pass either flag to override",
             tokens, seqs, envs.OMNI_FEW_CPUS,
