@@ -52,7 +52,7 @@ $(LCP_STAMP): $(STAMP)
 bench: $(STAMP) $(LCP_STAMP)
 	$(PY) -m harness.models fetch smollm2-135m-int4
 	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb --cores $(CORES) --out $(BENCH_OUT) --timeout 900
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
 	$(PY) harness/results.py plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
 
 test: $(STAMP) $(LCP_STAMP)

@@ -2,7 +2,7 @@
 
     python harness/run_vllm.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
         [--context-len 16] [--concurrency 8] [--max-num-seqs 8] [--enforce-eager]
-        [--kv-cache-memory-bytes N] [--quantization Q] [--max-num-batched-tokens N]
+        [--kv-cache-memory-bytes N] [--quantization Q] [--max-num-batched-tokens N] [--server]
 
 Prints one JSON object on its last stdout line: ``metrics`` and ``provenance``.
 
@@ -13,14 +13,18 @@ Metrics (units in harness/metrics.py):
   ``context_len``-token prompt, greedy, ignore_eos: the decode rate with the prefill
   and first token subtracted (tg128 with the default).
 - ``agg_tg_tps``: ``concurrency`` x ``gen_len`` / seconds, ``concurrency`` streams at once.
-- ``start_cold_s`` or ``start_warm_s``: ``LLM(...)`` construction seconds; cold when
-  ``VLLM_CACHE_ROOT`` held no compile cache before, warm otherwise.
+- ``start_cold_s`` or ``start_warm_s``: seconds from this process's launch to the first
+  token of the first (one-token) request; cold when ``VLLM_CACHE_ROOT`` held no compile
+  cache before, warm otherwise.
 - ``rss_anon_tree_mb``: RssAnon summed over this process and its descendants at ready
   (engine core and workers included), MiB; ``rss_anon_tree_full_mb`` after a request
   that fills ``max_model_len`` tokens of KV cache.
 - ``rss_anon_worker_mb``: RssAnon of the first worker alone, MiB, read inside it after the
   requests above; ``kv_cache_mb``: bytes of the KV cache tensors allocated in that worker,
   MiB (the budget vLLM actually honoured).
+
+With ``--server`` the same metrics (except the ``_full`` and worker ones) come from the
+client side of ``omni-vllm serve`` (``harness/run_server.py``), streamed.
 
 Token prompts are made of fixed ids, so every arm sees the same input.
 """
@@ -75,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--inductor-cpp-wrapper", action="store_true",
+                    help="compiled mode: inductor's C++ wrapper (compilation_config.inductor_compile_config.cpp_wrapper)")
+    ap.add_argument("--server", action="store_true",
+                    help="measure `omni-vllm serve` from an HTTP client instead of vllm.LLM in this process")
+    ap.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for /health")
     args = ap.parse_args(argv)
+    if args.server:
+        return _main_server(args)
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
     from harness.memory import tree_memory
@@ -96,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["quantization"] = args.quantization
     if args.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
-    t0 = time.perf_counter()
+    if args.inductor_cpp_wrapper:
+        kwargs["compilation_config"] = {"inductor_compile_config": {"cpp_wrapper": True}}
+    import psutil
+
+    launched = psutil.Process().create_time()  # seconds since the epoch
     llm = LLM(**kwargs)
-    start_s = time.perf_counter() - t0
+    llm.generate([TokensPrompt(prompt_token_ids=_prompt(8, 98))],
+                 SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    start_s = time.time() - launched
     tree_ready = tree_memory(os.getpid())
 
     def timed(prompts, max_tokens):
@@ -164,6 +181,34 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result), flush=True)
     sys.stderr.flush()
     os._exit(0)
+
+
+def _main_server(args: argparse.Namespace) -> int:
+    """``--server``: measure ``omni-vllm serve`` from the client; print the same JSON shape."""
+    from harness.models import MODELS, REPO_ROOT, fetch
+    from harness.provenance import checkpoint_fingerprint
+    from harness.run_server import measure_server
+
+    model = str(fetch(args.model)) if args.model in MODELS else args.model
+    cold = _cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
+    log = REPO_ROOT / ".cache" / f"run_vllm-server-{os.getpid()}.log"
+    metrics, server = measure_server(model, args, _prompt, cold, log)
+    size, sha = checkpoint_fingerprint(model)
+    result = {
+        "metrics": metrics,
+        "provenance": {
+            **server,
+            "model_path": model,
+            "model_bytes": size,
+            "model_sha256": sha,
+            "quantization": args.quantization or _checkpoint_quant_method(model),
+            "enforce_eager": args.enforce_eager,
+            "compile_cache": "cold" if cold else "warm",
+            "params": vars(args),
+        },
+    }
+    print(json.dumps(result), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -65,6 +65,13 @@ SETTINGS: dict[str, Setting] = {
             "and fused_add_rms_norm (vllm.ir). Off by default: bf16 numerics stay stock.",
         ),
         Setting(
+            "OMNI_CPU_ATTN_ONE_OP",
+            _bool,
+            False,
+            "1 selects omni's CPU attention backend that writes the KV cache inside the "
+            "attention op (one custom op per layer instead of two; same kernels).",
+        ),
+        Setting(
             "OMNI_FEW_CPUS",
             _nonneg_int,
             4,

@@ -105,6 +105,9 @@ class OmniPlatform(CpuPlatform):
         if in_process:
             cls._configure_in_process_threads()
         cls._configure_kv_cache(vllm_config, explicit_kv, kv_space_env)
+        if envs.OMNI_CPU_ATTN_ONE_OP and isinstance(vllm_config.additional_config, dict):
+            # The compiled graph differs (no unified_kv_cache_update op): key the compile cache by it.
+            vllm_config.additional_config["omni_cpu_attn_one_op"] = True
 
     @classmethod
     def _configure_process_layout(cls, vllm_config: VllmConfig) -> bool:
@@ -230,6 +233,18 @@ class OmniPlatform(CpuPlatform):
             budget.num_blocks,
             budget.reason,
         )
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads: int | None = None) -> str:
+        """vLLM's CPU choice; with ``OMNI_CPU_ATTN_ONE_OP=1`` its CPU attention with the KV write inside
+        (:mod:`omni_platform.attention`)."""
+        path = super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        if envs.OMNI_CPU_ATTN_ONE_OP and path == AttentionBackendEnum.CPU_ATTN.get_path():
+            logger.info_once("omni: attention backend OmniCpuAttentionBackend, one op per layer (OMNI_CPU_ATTN_ONE_OP=1)")
+            return "omni_platform.attention.OmniCpuAttentionBackend"
+        return path
 
     @classmethod
     def import_ir_kernels(cls) -> None:

@@ -1,0 +1,176 @@
+"""The OpenAI-server side of ``run_vllm.py --server``: measured from the client, streamed.
+
+Launches ``omni-vllm serve MODEL`` (vLLM's own ``vllm serve`` command line) on a free
+loopback port in a new session, waits for ``/health``, and measures what a client sees:
+
+- ``start_cold_s`` / ``start_warm_s``: launch (``Popen``) to the first streamed token of
+  the first request, in seconds;
+- ``pp_tps``: ``prompt_len`` / seconds of a non-streamed request that prefills
+  ``prompt_len`` tokens and generates one (HTTP round trip included);
+- ``tg_tps``: ``completion_tokens - 1`` / (last - first streamed token) of one stream of
+  ``gen_len`` tokens after a ``context_len``-token prompt, greedy, ``ignore_eos``;
+- ``agg_tg_tps``: ``concurrency`` streams at once, total generated tokens / seconds;
+- ``rss_anon_tree_mb``: RssAnon of the server's process tree at ready, MiB (Python's
+  ``multiprocessing.resource_tracker`` helper included: it is part of what runs).
+
+The server's whole process group is stopped (SIGTERM, then SIGKILL after 30 s) whatever
+happens. Prompts are fixed token ids (the same as ``run_vllm.py``'s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+__all__ = ["measure_server"]
+
+MiB = 1 << 20
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode} before /health; see {log}")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.2)
+    raise RuntimeError(f"the server was not healthy after {timeout_s:.0f} s; see {log}")
+
+
+def _post(base: str, body: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        return json.loads(r.read())
+
+
+def _stream(base: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[list[float], int]:
+    """Stream a completion; return the arrival time of each chunk with text and the completion tokens."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    times: list[float] = []
+    tokens = 0
+    with urllib.request.urlopen(req, timeout=timeout_s) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("text"):
+                times.append(time.perf_counter())
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return times, tokens
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) -> tuple[dict, dict]:
+    """Run the server measurements; return ``(metrics, provenance)``.
+
+    ``args`` carries ``run_vllm.py``'s options; ``prompt(n, offset)`` makes token ids.
+
+    Raises:
+        RuntimeError: the server exited or was not healthy within ``args.server_timeout`` s.
+        AssertionError: a request generated fewer tokens than asked for.
+    """
+    from harness.memory import tree_memory
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
+           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
+           "--max-model-len", str(args.max_model_len), "--seed", "0", "--disable-log-stats"]
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
+    if args.kv_cache_memory_bytes:
+        cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
+    if args.max_num_batched_tokens:
+        cmd += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if args.quantization:
+        cmd += ["--quantization", args.quantization]
+    if args.inductor_cpp_wrapper:
+        cmd += ["--compilation-config", json.dumps({"inductor_compile_config": {"cpp_wrapper": True}})]
+    greedy = {"model": "m", "temperature": 0.0, "ignore_eos": True}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    launched = time.perf_counter()
+    with open(log, "w") as log_f:
+        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(proc, base, args.server_timeout, log)
+        first, _ = _stream(base, {**greedy, "prompt": prompt(8, 99), "max_tokens": 4})
+        start_s = first[0] - launched
+        tree_ready = tree_memory(proc.pid)
+        t = time.perf_counter()
+        out = _post(base, {**greedy, "prompt": prompt(args.prompt_len, 1), "max_tokens": 1})
+        pp_s = time.perf_counter() - t
+        assert out["usage"]["completion_tokens"] == 1, out["usage"]
+        times, n = _stream(base, {**greedy, "prompt": prompt(args.context_len, 2), "max_tokens": args.gen_len})
+        assert n == args.gen_len and len(times) >= 2, (n, len(times))
+        tg = (n - 1) / (times[-1] - times[0])
+        results: list[int] = [0] * args.concurrency
+        errors: list[BaseException] = []
+
+        def one(i: int) -> None:
+            try:
+                results[i] = _stream(base, {**greedy, "prompt": prompt(args.context_len, 10 + i),
+                                            "max_tokens": args.gen_len})[1]
+            except BaseException as e:  # noqa: BLE001 - re-raised below in the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.concurrency)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        agg_s = time.perf_counter() - t
+        if errors:
+            raise errors[0]
+        assert all(r == args.gen_len for r in results), results
+    finally:
+        _stop(proc)
+    metrics = {
+        "pp_tps": args.prompt_len / pp_s,
+        "tg_tps": tg,
+        "agg_tg_tps": sum(results) / agg_s,
+        ("start_cold_s" if cold else "start_warm_s"): start_s,
+        "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
+    }
+    omni_lines = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace").splitlines() if "omni" in ln]
+    provenance = {
+        "server_command": cmd,
+        "processes_ready": [p.to_dict() for p in tree_ready],
+        "omni_log": omni_lines[-30:],
+    }
+    return metrics, provenance
