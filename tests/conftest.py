@@ -23,12 +23,23 @@ RESULT_PREFIX = "ENGINE_PROBE_RESULT "
 # Variables of the developer's shell that would change what a test measures.
 _SCRUB_PREFIXES = ("VLLM_", "OMNI_", "OMP_", "GOMP_", "KMP_")
 
+# The one user choice the suite carries into every engine: `VLLM_ENABLE_V1_MULTIPROCESSING=1
+# make test` runs every engine in vLLM's own three-process layout instead of omni's default.
+_KEPT = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+USER_LAYOUT = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+
 
 def clean_env(**overrides: str) -> dict[str, str]:
-    """os.environ without VLLM_*/OMNI_*/OpenMP variables, plus ``overrides``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)}
+    """os.environ without VLLM_*/OMNI_*/OpenMP variables (but the user's layout choice), plus ``overrides``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES) or k in _KEPT}
     env.update(overrides)
     return env
+
+
+needs_default_layout = pytest.mark.skipif(
+    USER_LAYOUT is not None,
+    reason=f"VLLM_ENABLE_V1_MULTIPROCESSING={USER_LAYOUT} set for the run: omni's default layout is not in use",
+)
 
 
 class EngineRun:

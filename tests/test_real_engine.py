@@ -5,7 +5,7 @@ import re
 
 import pytest
 from omni_platform import PLATFORM_QUALNAME as OMNI
-from conftest import clean_env, run_engine
+from conftest import clean_env, needs_default_layout, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -46,6 +46,7 @@ def three_process_run(real_model, tmp_path_factory):
     return run, records
 
 
+@needs_default_layout
 def test_default_layout_runs_vllm_llm_in_one_process(default_run):
     run, records = default_run
     assert {r["pid"] for r in records} == {run["pid"]}, "omni activated in no other process"
@@ -59,6 +60,7 @@ def test_default_layout_runs_vllm_llm_in_one_process(default_run):
 
 
 def test_user_multiprocessing_keeps_front_end_engine_core_and_worker(three_process_run, default_run):
+    """Greedy output of vLLM's layout equals the default run's (whatever layout that one ran in)."""
     run, records = three_process_run
     by_pid = {r["pid"]: r for r in records}
     front = by_pid[run["pid"]]
@@ -118,6 +120,7 @@ def test_greedy_64_tokens_equal_stock_vllm(real_model, same_settings):
     assert omni["token_ids"] == stock["token_ids"]
 
 
+@needs_default_layout
 def test_server_runs_in_two_processes_and_answers_like_vllm_llm(real_model, default_run, tmp_path):
     """`omni-vllm serve` (eager): front end + engine core holding the worker; same greedy text."""
     import socket
