@@ -50,13 +50,25 @@ def test_variance_size_falls_back_to_native(ops):
     assert not ops.rms_norm.impls["omni_cpu"].supports_args(x, w, 1e-5, 32)
 
 
-def test_priority_switch_is_off_by_default_and_on_with_the_setting(monkeypatch):
+def _config(mode):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(compilation_config=SimpleNamespace(mode=mode))
+
+
+def test_priority_follows_the_setting_then_the_compilation_mode(monkeypatch):
+    """Unset: omni's C++ norms in eager mode only; OMNI_IR_CPU_NORMS=1/0 wins either way."""
+    from vllm.config import CompilationMode
+
     from omni_platform.platform import OmniPlatform
 
+    eager, compiled = _config(CompilationMode.NONE), _config(CompilationMode.DYNAMO_TRACE_ONCE)
     monkeypatch.delenv("OMNI_IR_CPU_NORMS", raising=False)
-    default = OmniPlatform.get_default_ir_op_priority(None)
-    assert default.rms_norm == ["native"] and default.fused_add_rms_norm == ["native"]
+    assert OmniPlatform.get_default_ir_op_priority(compiled).rms_norm == ["native"]
+    on = OmniPlatform.get_default_ir_op_priority(eager)
+    assert on.rms_norm == ["omni_cpu", "native"] and on.fused_add_rms_norm == ["omni_cpu", "native"]
+    monkeypatch.setenv("OMNI_IR_CPU_NORMS", "0")
+    off = OmniPlatform.get_default_ir_op_priority(eager)
+    assert off.rms_norm == ["native"] and off.fused_add_rms_norm == ["native"]
     monkeypatch.setenv("OMNI_IR_CPU_NORMS", "1")
-    on = OmniPlatform.get_default_ir_op_priority(None)
-    assert on.rms_norm == ["omni_cpu", "native"]
-    assert on.fused_add_rms_norm == ["omni_cpu", "native"]
+    assert OmniPlatform.get_default_ir_op_priority(compiled).fused_add_rms_norm == ["omni_cpu", "native"]

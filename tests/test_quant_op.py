@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from omni_quant.ops import cpu_int4_linear
-from omni_quant.quant_math import quantize, reference_linear
+from omni_quant.quant_math import quantize, reference_linear, sqnr_db
 
 
 def _packed(n, k, g, dtype):
@@ -34,11 +34,6 @@ def test_leading_dims_and_float32():
     torch.testing.assert_close(got, reference_linear(x, q, s, z), atol=1e-3, rtol=1e-3)
 
 
-def _sqnr_db(want: torch.Tensor, got: torch.Tensor) -> float:
-    err = (want.float() - got.float()).pow(2).mean()
-    return float(10 * torch.log10(want.float().pow(2).mean() / err))
-
-
 def test_inductor_calls_the_aten_kernel_directly_with_no_python_op():
     """Inductor (not the eager backend) compiles the linear into a direct extern call of the C++ kernel."""
     from torch._inductor.utils import run_and_get_code
@@ -53,4 +48,4 @@ def test_inductor_calls_the_aten_kernel_directly_with_no_python_op():
     assert "_weight_int4pack_mm_for_cpu" in code, code
     assert "omni_quant" not in code and "direct_register_custom_op" not in code, code
     want = reference_linear(x, q, s, z, bias) * 2
-    assert _sqnr_db(want, got) > 30.0
+    assert sqnr_db(want, got) > 30.0

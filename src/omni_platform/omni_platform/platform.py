@@ -18,8 +18,8 @@ value chosen and why:
   ``--max-num-seqs`` defaults for ``vllm serve`` on a small machine, through the
   published ``pre_register_and_update(parser)`` hook (``vllm.LLM`` gets the same
   defaults from omni-patches, since no published hook sees its arguments);
-- vLLM IR op priority: omni's CPU ``rms_norm`` providers first when
-  ``OMNI_IR_CPU_NORMS=1``.
+- vLLM IR op priority: omni's CPU ``rms_norm`` providers first when the model runs
+  eager (or ``OMNI_IR_CPU_NORMS=1``).
 """
 
 from __future__ import annotations
@@ -254,14 +254,35 @@ class OmniPlatform(CpuPlatform):
 
     @classmethod
     def get_default_ir_op_priority(cls, vllm_config: VllmConfig) -> IrOpPriorityConfig:
-        """``["omni_cpu", "native"]`` for both norms when ``OMNI_IR_CPU_NORMS=1``, else vLLM's."""
-        if not envs.OMNI_IR_CPU_NORMS:
+        """``["omni_cpu", "native"]`` for both norms where omni's C++ norms pay, else vLLM's.
+
+        ``OMNI_IR_CPU_NORMS`` decides when set. Unset: on when the model runs eager
+        (``compilation_config.mode`` NONE, e.g. ``enforce_eager``), where each native norm is
+        several small ops (measured: ``harness/specs/fast_path_options.json``, arms
+        ``llm-eager`` and ``llm-eager-cpu_norms``); off in compiled mode, where inductor fuses
+        the native norms itself.
+        """
+        on, why = cls._cpu_norms(vllm_config)
+        if not on:
             return super().get_default_ir_op_priority(vllm_config)
         from vllm.config.kernel import IrOpPriorityConfig
 
         cls.import_ir_kernels()
-        logger.info("omni: IR op priority omni_cpu, native (OMNI_IR_CPU_NORMS=1)")
+        logger.info_once("omni: IR op priority omni_cpu, native for rms_norm and fused_add_rms_norm (%s); "
+                         "OMNI_IR_CPU_NORMS=0 turns it off", why)
         return IrOpPriorityConfig.with_default(["omni_cpu", "native"])
+
+    @staticmethod
+    def _cpu_norms(vllm_config: VllmConfig | None) -> tuple[bool, str]:
+        if envs.is_set("OMNI_IR_CPU_NORMS"):
+            return envs.OMNI_IR_CPU_NORMS, f"OMNI_IR_CPU_NORMS={os.environ['OMNI_IR_CPU_NORMS']}"
+        if vllm_config is None:
+            return False, "no config"
+        from vllm.config import CompilationMode
+
+        if vllm_config.compilation_config.mode == CompilationMode.NONE:
+            return True, "the model runs eager"
+        return False, "compiled mode fuses the native norms"
 
 
 def _allowed_physical_cores() -> int:

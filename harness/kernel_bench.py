@@ -1,0 +1,219 @@
+"""The 4-bit kernel matrix: every reachable CPU kernel on the real linear shapes, per row count M.
+
+    python -m harness.kernel_bench [--models smollm2-135m,qwen2.5-coder-1.5b] [--rows 1,2,4,8,16,64,256,512]
+        [--threads 2] [--repeats 7] [--out harness/results/kernel_matrix-STAMP.json]
+
+Kernels (each on the same random 4-bit weights of each shape):
+
+- ``int4pack``: ``aten._weight_int4pack_mm_for_cpu`` (PyTorch 2.13), what cpu_int4 runs today;
+- ``w4a8``: vLLM's ``_C.int4_scaled_mm_cpu`` with cpu_int4's float zero points kept exact
+  by the correction GEMM of :mod:`omni_quant.w4a8`;
+- ``w4a8_kernel``: the same vLLM kernel alone (integer zero point 8, no correction): the
+  floor that the correction adds to;
+- ``wna16``: ``_C.cpu_gemm_wna16``, what stock vLLM runs for GPTQ/AWQ checkpoints on a CPU
+  without AMX (symmetric ``uint4b8``, layout from
+  ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
+- ``dequant_bf16``: dequantize to bf16, then ``F.linear`` (a prefill path with no second
+  resident layout);
+- ``bf16``: ``F.linear`` on a resident bf16 weight (reads 4x the bytes; the reference).
+
+Time is the median of ``--repeats`` calls, microseconds. At M <= 16 every call reads a
+different copy of the weights, enough copies to exceed the last-level cache twice
+(``/sys/devices/system/cpu/cpu0/cache``), so decode is timed from memory, not from cache.
+``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time;
+``pct_ceiling`` divides it by the machine's read bandwidth, measured in the same run
+(``torch.sum`` over a buffer 4x the last-level cache, same threads). The artifact records
+the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
+AVX-VNNI, AVX2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["SHAPES", "llc_bytes", "main", "read_bandwidth_gbps"]
+
+# name -> [(layer, N, K, group size)]: the linears of one decoder layer and the head.
+SHAPES: dict[str, list[tuple[str, int, int, int]]] = {
+    "smollm2-135m": [("qkv_proj", 960, 576, 32), ("o_proj", 576, 576, 32), ("gate_up_proj", 3072, 576, 32),
+                     ("down_proj", 576, 1536, 32), ("lm_head", 49152, 576, 32)],
+    "qwen2.5-coder-1.5b": [("qkv_proj", 2048, 1536, 128), ("o_proj", 1536, 1536, 128),
+                           ("gate_up_proj", 17920, 1536, 128), ("down_proj", 1536, 8960, 128),
+                           ("lm_head", 151936, 1536, 128)],
+}
+MEMORY_BOUND_ROWS = 16
+GB = 1e9
+
+
+def llc_bytes() -> int:
+    """Size of the largest CPU cache level in bytes (sysfs); 32 MiB when unreadable."""
+    best = 0
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in base.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1], 1)
+        best = max(best, int(text.rstrip("KMG")) * mult)
+    return best or 32 << 20
+
+
+def read_bandwidth_gbps(buffer_bytes: int, repeats: int = 5) -> float:
+    """Best-of ``repeats`` read bandwidth of ``torch.sum`` over ``buffer_bytes`` of int32, GB/s."""
+    import torch
+
+    buf = torch.ones(buffer_bytes // 4, dtype=torch.int32)
+    buf.sum()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t)
+    return buffer_bytes / best / GB
+
+
+def _median_us(fn: Callable[[int], Any], repeats: int, copies: int) -> float:
+    fn(0)
+    samples = []
+    for i in range(repeats):
+        t = time.perf_counter()
+        fn((i + 1) % copies)
+        samples.append((time.perf_counter() - t) * 1e6)
+    return statistics.median(samples)
+
+
+def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, int]]:
+    """kernel name -> (call(x, copy index), bytes of one weight copy)."""
+    import torch
+    import torch.nn.functional as F
+
+    from omni_quant.quant_math import quantize
+    from omni_quant.w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+
+    gen = torch.Generator().manual_seed(n * 7 + k)
+    w = torch.randn(n, k, generator=gen) * 0.02
+    q, s, z = quantize(w, g, torch.bfloat16)
+    q32 = q.to(torch.int32)
+    groups = k // g
+    meta = 2 * n * groups * 2  # bf16 scales and zeros
+    out: dict[str, tuple[Callable, int]] = {}
+
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q32, 1)
+    sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
+    int4 = [(packed.clone(), sz.clone()) for _ in range(copies)]
+    out["int4pack"] = (lambda x, i: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4[i][0], g, int4[i][1]),
+                       n * k // 2 + meta)
+    if w4a8_available():
+        rep = repack_w4a8(q32, s, z, g)
+        w4 = [(rep.weight.clone(), rep.zeros.clone(), rep.scales.clone(), rep.zero_t.clone()) for _ in range(copies)]
+        out["w4a8"] = (lambda x, i: w4a8_linear(x, w4[i][0], w4[i][1], w4[i][2], w4[i][3], g), n * k // 2 + meta)
+        out["w4a8_kernel"] = (lambda x, i: torch.ops._C.int4_scaled_mm_cpu(x, w4[i][0], w4[i][1], w4[i][2], None),
+                              n * k // 2 + meta // 2)
+    if hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        wn = _wna16_layout(q32)
+        sc = s.t().contiguous()
+        isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
+        wns = [wn.clone() for _ in range(copies)]
+
+        def wna16(x, i):
+            y = torch.empty((x.shape[0], n), dtype=x.dtype)
+            torch.ops._C.cpu_gemm_wna16(x, wns[i], y, sc, None, None, None, 8, isa)
+            return y
+
+        out["wna16"] = (wna16, n * k // 2 + meta // 2)
+    deq = [(q.to(torch.uint8).clone(), s.clone(), z.clone()) for _ in range(copies)]
+
+    def dequant_bf16(x, i):
+        qi, si, zi = deq[i]
+        wd = ((qi.view(n, groups, g).to(torch.bfloat16) - 8) * si.unsqueeze(-1) + zi.unsqueeze(-1)).view(n, k)
+        return F.linear(x, wd)
+
+    out["dequant_bf16"] = (dequant_bf16, n * k + meta)  # codes held one a byte here
+    bf = [w.to(torch.bfloat16) for _ in range(max(1, copies // 4))]
+    out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
+    return out
+
+
+def _wna16_layout(q32):
+    """cpu_int4 codes ``[N, K]`` -> ``cpu_gemm_wna16``'s blocked int32 layout (16 output channels a block)."""
+    from vllm.model_executor.layers.quantization.utils.quant_utils import pack_quantized_values_into_int32
+    from vllm.scalar_type import scalar_types
+
+    n, k = q32.shape
+    packed = pack_quantized_values_into_int32(q32.t().contiguous(), scalar_types.uint4b8, 1)  # [K, N/8]
+    return packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.kernel_bench", description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
+    ap.add_argument("--rows", default="1,2,4,8,16,64,256,512")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--copy-budget-mib", type=int, default=1536,
+                    help="most MiB of weight copies per kernel and shape (decode rows)")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    import torch
+
+    from harness.provenance import collect_cpu, collect_versions
+
+    unknown = [m for m in args.models.split(",") if m not in SHAPES]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; known: {sorted(SHAPES)}")
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    llc = llc_bytes()
+    ceiling = read_bandwidth_gbps(4 * llc)
+    print(f"read bandwidth {ceiling:.1f} GB/s ({args.threads} threads, {4 * llc >> 20} MiB buffer)", flush=True)
+    results = []
+    for model in args.models.split(","):
+        for layer, n, k, g in SHAPES[model]:
+            one = n * k // 2
+            copies = max(1, min(-(-2 * llc // one), (args.copy_budget_mib << 20) // max(one, 1)))
+            kernels = _kernels(n, k, g, copies)
+            for m in rows:
+                x = torch.randn(m, k, dtype=torch.bfloat16)
+                n_copies = copies if m <= MEMORY_BOUND_ROWS else 1
+                for name, (fn, nbytes) in kernels.items():
+                    us = _median_us(lambda i, fn=fn: fn(x, i % n_copies), args.repeats, n_copies)
+                    gbps = nbytes / (us * 1e-6) / GB
+                    results.append({"model": model, "layer": layer, "n": n, "k": k, "group_size": g, "m": m,
+                                    "kernel": name, "us": us, "gbps": gbps, "pct_ceiling": 100 * gbps / ceiling,
+                                    "weight_bytes": nbytes, "copies": n_copies})
+                    print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
+                          f"{gbps:6.1f} GB/s {100 * gbps / ceiling:5.1f}%", flush=True)
+            del kernels
+    artifact = {
+        "kind": "kernel_matrix",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "threads": args.threads,
+        "read_bandwidth_gbps": ceiling,
+        "llc_bytes": llc,
+        "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
+        "versions": collect_versions(),
+        "results": results,
+    }
+    out = args.out or Path(__file__).resolve().parent / "results" / (
+        "kernel_matrix-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(artifact, indent=1))
+    print(f"artifact: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
