@@ -71,11 +71,12 @@ def repack_w4a8(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, 
         group_size: input channels per group.
 
     Raises:
-        ValueError: ``N`` is not a multiple of 8 (AWQ packs 8 output channels an int32).
+        ValueError: ``N`` is not a multiple of 32 (the kernel's blocks of output channels).
     """
     n, k = codes.shape
-    if n % 8:
-        raise ValueError(f"cpu_int4 W4A8: N={n} is not a multiple of 8")
+    if n % 32:
+        raise ValueError(f"cpu_int4 W4A8: N={n} is not a multiple of 32 (the kernel's output block); "
+                         "multiply this layer with aten._weight_int4pack_mm_for_cpu instead")
     groups = k // group_size
     qweight = _pack_awq(codes.to(torch.int32).t().contiguous())            # [K, N/8]
     qzeros = _pack_awq(torch.full((groups, n), 8, dtype=torch.int32))        # [K/g, N/8]
