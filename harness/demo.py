@@ -15,62 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from harness.models import REPO_ROOT, fetch
+from harness.server_process import free_port, stop_group, wait_healthy
 
 __all__ = ["main"]
 
 PROMPT = "Write two sentences about why small language models are useful on laptops."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"the vLLM server exited with status {proc.returncode} before it was ready; "
-                f"last lines of {log}:\n{_tail(log)}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return time.monotonic()
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the vLLM server was not healthy after {timeout_s:.0f} s; see {log}:\n{_tail(log)}")
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     model_dir = fetch(args.model)
-    port = _free_port()
+    port = free_port()
     log = REPO_ROOT / ".cache" / "demo-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
@@ -101,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(log, "w") as log_f:
         proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        ready = _wait_healthy(proc, f"http://127.0.0.1:{port}/health", args.timeout, log)
+        ready = wait_healthy(proc, f"http://127.0.0.1:{port}/health", args.timeout, log)
         startup_s = ready - launched
         from openai import OpenAI
 
@@ -126,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             if chunk.usage is not None:
                 completion_tokens = chunk.usage.completion_tokens
     finally:
-        _stop(proc)
+        stop_group(proc)
     server_log = log.read_text(errors="replace")
     platform_ok = "Platform plugin omni is activated" in server_log
     print("\n--- reply ---")

@@ -20,9 +20,6 @@ happens. Prompts are fixed token ids (the same as ``run_vllm.py``'s).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -35,26 +32,6 @@ from typing import Any
 __all__ = ["measure_server"]
 
 MiB = 1 << 20
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(proc: subprocess.Popen, base: str, timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode} before /health; see {log}")
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.2)
-    raise RuntimeError(f"the server was not healthy after {timeout_s:.0f} s; see {log}")
 
 
 def _post(base: str, body: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
@@ -84,17 +61,6 @@ def _stream(base: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[li
     return times, tokens
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) -> tuple[dict, dict]:
     """Run the server measurements; return ``(metrics, provenance)``.
 
@@ -105,8 +71,9 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         AssertionError: a request generated fewer tokens than asked for.
     """
     from harness.memory import tree_memory
+    from harness.server_process import free_port, stop_group, wait_healthy
 
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
            "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
@@ -127,7 +94,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     with open(log, "w") as log_f:
         proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_healthy(proc, base, args.server_timeout, log)
+        wait_healthy(proc, base + "/health", args.server_timeout, log)
         first, _ = _stream(base, {**greedy, "prompt": prompt(8, 99), "max_tokens": 4})
         start_s = first[0] - launched
         tree_ready = tree_memory(proc.pid)
@@ -159,7 +126,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
             raise errors[0]
         assert all(r == args.gen_len for r in results), results
     finally:
-        _stop(proc)
+        stop_group(proc)
     metrics = {
         "pp_tps": args.prompt_len / pp_s,
         "tg_tps": tg,

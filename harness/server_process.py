@@ -1,0 +1,70 @@
+"""A vLLM OpenAI server as a child process: a free loopback port, readiness, stopping its group.
+
+Shared by the demo (``harness/demo.py``) and the server arms of the benchmark
+(``harness/run_server.py``). The server runs in a session of its own
+(``start_new_session=True``), so stopping it stops the engine core it spawned too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+__all__ = ["free_port", "log_tail", "stop_group", "wait_healthy"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    """The last ``lines`` lines of ``path``, or ``"(no log)"``."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) -> float:
+    """Poll ``url`` (``/health``) until it answers 200; return ``time.monotonic()`` then.
+
+    Raises:
+        RuntimeError: the server exited first, or was not healthy within ``timeout_s`` seconds;
+            the message carries the last lines of ``log``.
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"the vLLM server exited with status {proc.returncode} before it was ready; "
+                f"last lines of {log}:\n{log_tail(log)}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return time.monotonic()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the vLLM server was not healthy after {timeout_s:.0f} s; see {log}:\n{log_tail(log)}")
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
+    """SIGTERM the server's process group; SIGKILL it after ``grace_s`` seconds."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
