@@ -67,6 +67,24 @@ class OmniPlatform(CpuPlatform):
     vLLM's own CPU platform would activate.
     """
 
+    _vocab_size: int | None = None
+    """The vocabulary size of the model this process configured (for :meth:`validate_request`)."""
+
+    @classmethod
+    def validate_request(cls, processed_inputs, params) -> None:
+        """vLLM's checks, then every token id of the request against the vocabulary.
+
+        Raises:
+            omni_platform.request_checks.TokenIdOutOfRange: a prompt id, ``stop_token_ids``,
+                ``allowed_token_ids`` or ``logit_bias`` key outside ``[0, vocab_size)``
+                (a ``ValueError``; the OpenAI server answers 400).
+        """
+        super().validate_request(processed_inputs, params)
+        if cls._vocab_size is not None:
+            from omni_platform.request_checks import check_token_ids
+
+            check_token_ids(processed_inputs, params, cls._vocab_size)
+
     @classmethod
     def pre_register_and_update(cls, parser: FlexibleArgumentParser | None = None) -> None:
         """On a small machine, lower the CLI defaults of ``--max-num-batched-tokens`` and ``--max-num-seqs``.
@@ -99,6 +117,8 @@ class OmniPlatform(CpuPlatform):
         """
         kv_space_env = _user_set("VLLM_CPU_KVCACHE_SPACE")
         explicit_kv = vllm_config.cache_config.kv_cache_memory_bytes
+        if vllm_config.model_config is not None:
+            cls._vocab_size = vllm_config.model_config.get_vocab_size()
         in_process = cls._configure_process_layout(vllm_config)  # before super(): it rewrites uni to mp
         super().check_and_update_config(vllm_config)
         cls._configure_thread_binding(vllm_config)
