@@ -129,6 +129,7 @@ def test_server_runs_in_two_processes_and_answers_like_vllm_llm(real_model, defa
     import subprocess
     import sys
     import time
+    import urllib.error
     import urllib.request
     from pathlib import Path
 
@@ -161,6 +162,14 @@ def test_server_runs_in_two_processes_and_answers_like_vllm_llm(real_model, defa
                            "temperature": 0.0}).encode()
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                      headers={"Content-Type": "application/json"})
+        bad = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", headers={"Content-Type": "application/json"},
+            data=json.dumps({"model": str(real_model), "prompt": "Hi", "max_tokens": 4, "min_tokens": 2,
+                             "stop_token_ids": [10**6]}).encode())
+        with pytest.raises(urllib.error.HTTPError) as refused:  # C12: refused at the door, engine unharmed
+            urllib.request.urlopen(bad, timeout=120)
+        assert refused.value.code == 400
+        assert "stop_token_ids holds token id 1000000" in refused.value.read().decode()
         with urllib.request.urlopen(req, timeout=120) as r:
             text = json.loads(r.read())["choices"][0]["text"]
     finally:
