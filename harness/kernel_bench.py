@@ -13,6 +13,8 @@ Kernels (each on the same random 4-bit weights of each shape):
 - ``wna16``: ``_C.cpu_gemm_wna16``, what stock vLLM runs for GPTQ/AWQ checkpoints on a CPU
   without AMX (symmetric ``uint4b8``, layout from
   ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
+- ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.native`), float zeros fused, one
+  entry per instruction-set path this CPU runs (avx512vnni, avx2vnni, avx2);
 - ``dequant_bf16``: dequantize to bf16, then ``F.linear`` (a prefill path with no second
   resident layout);
 - ``bf16``: ``F.linear`` on a resident bf16 weight (reads 4x the bytes; the reference).
@@ -102,6 +104,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
     import torch
     import torch.nn.functional as F
 
+    from omni_quant import native
     from omni_quant.quant_math import quantize
     from omni_quant.w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 
@@ -125,6 +128,13 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
                        n * k // 2 + meta // 2 + n * groups * 4)
         out["w4a8_kernel"] = (lambda x, i: torch.ops._C.int4_scaled_mm_cpu(x, w4[i][0], w4[i][1], w4[i][2], None),
                               n * k // 2 + meta // 2)
+    if native.available() and native.supports_shape(n, k, g):
+        om = [native.repack(q, s, z) for _ in range(copies)]
+        for isa in native.supported_isas():
+            if isa == "scalar":
+                continue  # the reference path, orders of magnitude slower: not a candidate
+            out[f"omni_w4a8_{isa}"] = (lambda x, i, isa=isa: native.linear(x, om[i][0], om[i][1], g, None, isa),
+                                      n * k // 2 + meta)
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         wn = _wna16_layout(q32)
         sc = s.t().contiguous()

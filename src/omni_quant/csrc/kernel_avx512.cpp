@@ -1,0 +1,111 @@
+// W4A8 GEMM for CPUs with AVX-512 F/BW/VNNI: vpdpbusd multiplies 4 unsigned 4-bit codes by
+// 4 signed int8 activations per 32-bit lane; 16 output channels per vector.
+// Only <immintrin.h> and w4a8.h here: this file is compiled for AVX-512 (pragma below).
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,fma")
+#include <immintrin.h>
+
+#include "w4a8.h"
+
+namespace omni_w4a8 {
+
+namespace {
+
+inline __m512 bf16x16_to_f32(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Round to nearest even, as torch's float -> bf16 conversion does (no NaN inputs here).
+inline __m256i f32x16_to_bf16(__m512 v) {
+  __m512i i = _mm512_castps_si512(v);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(i, 16), _mm512_set1_epi32(1));
+  i = _mm512_add_epi32(i, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(i, 16));
+}
+
+// Software prefetch distance in the weight stream (bytes ahead of the loads): decode reads the
+// weights once from DRAM; measured with python -m harness.kernel_bench (M = 1).
+#ifndef OMNI_W4A8_PREFETCH
+#define OMNI_W4A8_PREFETCH 2048
+#endif
+constexpr int64_t kPrefetchBytes = OMNI_W4A8_PREFETCH;
+
+inline int32_t load4(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+template <int MR>
+void block_rows(const Args& a, int64_t b, int64_t r0) {
+  const int64_t k = a.k, g = a.group_size, groups = k / g, chunks = g / 8;
+  const uint8_t* wb = a.w + b * (k / 8) * 64;
+  const uint16_t* szb = a.sz + b * groups * 32;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 facc[MR];
+  for (int r = 0; r < MR; ++r) facc[r] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < groups; ++j) {
+    // Four independent accumulators per row (low/high nibbles x even/odd chunk): vpdpbusd has a
+    // latency of about 5 cycles, one chain per row would bound M = 1 by latency, not by memory.
+    __m512i acc[MR][4];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
+    const uint8_t* wj = wb + j * chunks * 64;
+    const int8_t* xj = a.xq + r0 * k + j * g;
+    for (int64_t c = 0; c < chunks; c += 2) {  // chunks = group_size / 8 is even (group_size % 16 == 0)
+      _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes + 64), _MM_HINT_T0);
+      __m512i v0 = _mm512_loadu_si512(wj + c * 64);
+      __m512i v1 = _mm512_loadu_si512(wj + c * 64 + 64);
+      __m512i lo0 = _mm512_and_si512(v0, low4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
+      __m512i lo1 = _mm512_and_si512(v1, low4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xr = xj + r * k + c * 8;
+        acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], lo0, _mm512_set1_epi32(load4(xr)));
+        acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], hi0, _mm512_set1_epi32(load4(xr + 4)));
+        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], lo1, _mm512_set1_epi32(load4(xr + 8)));
+        acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], hi1, _mm512_set1_epi32(load4(xr + 12)));
+      }
+    }
+    __m512 s = bf16x16_to_f32(szb + j * 32);
+    __m512 z = bf16x16_to_f32(szb + j * 32 + 16);
+    for (int r = 0; r < MR; ++r) {
+      const int64_t rg = (r0 + r) * groups + j;
+      __m512i sum = _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), _mm512_add_epi32(acc[r][2], acc[r][3]));
+      __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_set1_epi32(8 * a.xsum[rg])));
+      facc[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(s, _mm512_set1_ps(a.xs[rg])), facc[r]);
+      facc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(a.xf[rg]), facc[r]);
+    }
+  }
+  const int64_t n0 = b * kBlockN;
+  __m512 bias = a.bias ? _mm512_loadu_ps(a.bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    __m512 y = _mm512_add_ps(facc[r], bias);
+    const int64_t off = (r0 + r) * a.n + n0;
+    if (a.out_bf16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(a.out) + off), f32x16_to_bf16(y));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(a.out) + off, y);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
+  for (int64_t b = b0; b < b1; ++b) {
+    int64_t r = 0;
+    for (; r + 4 <= a.m; r += 4) block_rows<4>(a, b, r);
+    switch (a.m - r) {
+      case 3: block_rows<3>(a, b, r); break;
+      case 2: block_rows<2>(a, b, r); break;
+      case 1: block_rows<1>(a, b, r); break;
+      default: break;
+    }
+  }
+}
+
+#define QUANT_FN quantize_rows_avx512
+#include "quant_rows.inc"
+#undef QUANT_FN
+
+}  // namespace omni_w4a8

@@ -1,0 +1,57 @@
+// W4A8 GEMM in plain C++: the reference the vector kernels are tested against, and the path
+// for x86 CPUs without AVX2. Same arithmetic (int32 sums per group, float per group).
+#include "w4a8.h"
+
+namespace omni_w4a8 {
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+static uint16_t f32_to_bf16(float f) {
+  uint32_t i;
+  __builtin_memcpy(&i, &f, 4);
+  i += 0x7FFF + ((i >> 16) & 1);
+  return static_cast<uint16_t>(i >> 16);
+}
+
+void gemm_scalar(const Args& a, int64_t b0, int64_t b1) {
+  const int64_t k = a.k, g = a.group_size, groups = k / g;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = a.w + b * (k / 8) * 64;
+    const uint16_t* szb = a.sz + b * groups * 32;
+    for (int64_t r = 0; r < a.m; ++r) {
+      for (int64_t lane = 0; lane < kBlockN; ++lane) {
+        float y = 0.f;
+        for (int64_t j = 0; j < groups; ++j) {
+          int32_t acc = 0;
+          for (int64_t kk = j * g; kk < (j + 1) * g; ++kk) {
+            const int64_t c = kk / 8, i = kk % 8;
+            const uint8_t byte = wb[c * 64 + lane * 4 + (i & 3)];
+            const int32_t q = i < 4 ? (byte & 0x0F) : (byte >> 4);
+            acc += q * a.xq[r * k + kk];
+          }
+          const int64_t rg = r * groups + j;
+          const float s = bf16_to_f32(szb[j * 32 + lane]), z = bf16_to_f32(szb[j * 32 + 16 + lane]);
+          y += static_cast<float>(acc - 8 * a.xsum[rg]) * (s * a.xs[rg]) + z * a.xf[rg];
+        }
+        const int64_t n = b * kBlockN + lane;
+        if (a.bias) y += a.bias[n];
+        if (a.out_bf16) {
+          static_cast<uint16_t*>(a.out)[r * a.n + n] = f32_to_bf16(y);
+        } else {
+          static_cast<float*>(a.out)[r * a.n + n] = y;
+        }
+      }
+    }
+  }
+}
+
+#define QUANT_FN quantize_rows_scalar
+#include "quant_rows.inc"
+#undef QUANT_FN
+
+}  // namespace omni_w4a8

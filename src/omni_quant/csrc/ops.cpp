@@ -1,0 +1,130 @@
+// torch op omni_quant::w4a8_linear and the Python module omni_quant._w4a8 that loads it.
+// The CPU's instruction set is read at run time (__builtin_cpu_supports) and picks the kernel.
+#include <Python.h>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <string>
+
+#include "w4a8.h"
+
+namespace omni_w4a8 {
+namespace {
+
+using GemmFn = void (*)(const Args&, int64_t, int64_t);
+using QuantFn = void (*)(const QuantArgs&, int64_t, int64_t);
+
+bool supported(const std::string& isa) {
+  __builtin_cpu_init();
+  if (isa == "scalar") return true;
+  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2vnni") return supported("avx2") && __builtin_cpu_supports("avxvnni");
+  if (isa == "avx512vnni")
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("fma");
+  return false;
+}
+
+std::string best_isa() {
+  for (const char* isa : {"avx512vnni", "avx2vnni", "avx2"})
+    if (supported(isa)) return isa;
+  return "scalar";
+}
+
+void pick(const std::string& isa, GemmFn* gemm, QuantFn* quant) {
+  if (isa == "avx512vnni") {
+    *gemm = gemm_avx512vnni;
+    *quant = quantize_rows_avx512;
+  } else if (isa == "avx2vnni") {
+    *gemm = gemm_avx2vnni;
+    *quant = quantize_rows_avx2;
+  } else if (isa == "avx2") {
+    *gemm = gemm_avx2;
+    *quant = quantize_rows_avx2;
+  } else {
+    *gemm = gemm_scalar;
+    *quant = quantize_rows_scalar;
+  }
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
+                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg) {
+  std::string isa(isa_arg.data(), isa_arg.size());
+  if (isa == "auto") isa = best_isa();
+  TORCH_CHECK(supported(isa), "omni_quant.w4a8_linear: this CPU cannot run the '", isa,
+              "' kernel (choose one of omni_quant.native.supported_isas())");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "omni_quant.w4a8_linear: x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
+                  w.is_contiguous(),
+              "omni_quant.w4a8_linear: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack)");
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
+  TORCH_CHECK(w.size(1) * 8 == k, "omni_quant.w4a8_linear: x has K=", k, " but w was packed for K=", w.size(1) * 8);
+  TORCH_CHECK(group_size % 16 == 0 && group_size > 0 && group_size <= 256 && k % group_size == 0,
+              "omni_quant.w4a8_linear: group_size ", group_size, " must be a multiple of 16, <= 256, dividing K=", k);
+  const int64_t groups = k / group_size;
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.numel() == w.size(0) * groups * 2 * kBlockN,
+              "omni_quant.w4a8_linear: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16]");
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
+    b = bias->to(at::kFloat).contiguous();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({m, groups}, x.options().dtype(at::kFloat));
+  at::Tensor xf = at::empty({m, groups}, x.options().dtype(at::kFloat));
+  at::Tensor xsum = at::empty({m, groups}, x.options().dtype(at::kInt));
+
+  GemmFn gemm;
+  QuantFn quant;
+  pick(isa, &gemm, &quant);
+  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
+               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k, group_size};
+  // Rows are cheap to quantize (M x K elements): split them only when there are many.
+  at::parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
+
+  Args a{w.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), xq.data_ptr<int8_t>(),
+         xs.data_ptr<float>(), xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
+         out.data_ptr(), m, n, k, group_size, x.scalar_type() == at::kBFloat16 ? 1 : 0};
+  at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
+  return out;
+}
+
+}  // namespace
+}  // namespace omni_w4a8
+
+TORCH_LIBRARY(omni_quant, m) {
+  m.def("w4a8_linear(Tensor x, Tensor w, Tensor sz, int group_size, Tensor? bias=None, str isa='auto') -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(omni_quant, CPU, m) { m.impl("w4a8_linear", &omni_w4a8::w4a8_linear); }
+
+// ---- Python module: which kernels this CPU can run -------------------------------------------
+
+static PyObject* py_supported_isas(PyObject*, PyObject*) {
+  PyObject* out = PyList_New(0);
+  for (const char* isa : {"avx512vnni", "avx2vnni", "avx2", "scalar"})
+    if (omni_w4a8::supported(isa)) PyList_Append(out, PyUnicode_FromString(isa));
+  return out;
+}
+
+static PyObject* py_best_isa(PyObject*, PyObject*) { return PyUnicode_FromString(omni_w4a8::best_isa().c_str()); }
+
+static PyMethodDef kMethods[] = {
+    {"supported_isas", py_supported_isas, METH_NOARGS, "Kernels this CPU can run, fastest first."},
+    {"best_isa", py_best_isa, METH_NOARGS, "The kernel 'auto' picks on this CPU."},
+    {nullptr, nullptr, 0, nullptr}};
+
+static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_w4a8",
+                              "omni-quant's W4A8 CPU kernel (registers torch.ops.omni_quant.w4a8_linear).", -1,
+                              kMethods};
+
+PyMODINIT_FUNC PyInit__w4a8(void) { return PyModule_Create(&kModule); }

@@ -1,0 +1,115 @@
+"""omni-quant's own W4A8 CPU kernel: ``torch.ops.omni_quant.w4a8_linear``.
+
+Built from ``src/omni_quant/csrc`` at install time (``setup.py``, against the installed torch);
+absent when the build was unavailable, in which case :func:`available` is False and cpu_int4
+multiplies with torch's ``aten._weight_int4pack_mm_for_cpu``.
+
+What it computes, per row ``m`` and output channel ``n``, for cpu_int4's format
+``w = (q - 8) * s + z`` (codes ``q`` 0..15, bf16 scale ``s`` and float zero ``z`` per group ``j``
+of ``group_size`` input channels):
+
+    y[m, n] = sum_j  s[n, j] * xs[m, j] * (sum_{k in j} q[n, k] * xq[m, k]  -  8 * sum_{k in j} xq[m, k])
+                   + z[n, j] * X[m, j]
+
+where ``xq`` are the activations quantized to int8 per (row, group) with scale ``xs`` (symmetric,
+``max|x| / 127``, as llama.cpp's Q8_0 blocks) and ``X[m, j]`` is the exact float sum of the group's
+activations: the float zero points are kept exact inside the kernel, no correction GEMM.
+The integer dot products are ``vpdpbusd`` (AVX-512 VNNI, or AVX-VNNI on AVX2 CPUs) or
+``vpmaddubsw`` + ``vpmaddwd`` (AVX2), chosen at run time from the CPU's flags; a plain C++ kernel
+covers the rest. Weight layout (:func:`repack`): uint8 ``[N/16, K/8, 16, 4]``, each byte the codes
+of input channels ``8c+i`` (low nibble) and ``8c+4+i`` (high nibble) for one of 16 output
+channels, so one 64-byte load feeds two ``vpdpbusd`` per row; scales and zeros bf16
+``[N/16, K/group_size, 2, 16]`` next to each other. Same bytes as torch's int4 layout.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["available", "best_isa", "linear", "repack", "supported_isas", "supports_shape"]
+
+try:
+    from omni_quant import _w4a8  # noqa: F401  (registers torch.ops.omni_quant.w4a8_linear)
+except ImportError as exc:  # built without the kernel (no compiler, or torch missing at build time)
+    _w4a8 = None
+    _IMPORT_ERROR: str | None = str(exc)
+else:
+    _IMPORT_ERROR = None
+
+    @torch.library.register_fake("omni_quant::w4a8_linear")
+    def _fake(x, w, sz, group_size, bias=None, isa="auto"):
+        return x.new_empty((x.shape[0], w.shape[0] * 16))
+
+BLOCK_N = 16
+
+
+def available() -> bool:
+    """Whether the compiled kernel is installed (``omni_quant._w4a8`` imports)."""
+    return _w4a8 is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernel is missing (the import error), or None when it is installed."""
+    return _IMPORT_ERROR
+
+
+def supported_isas() -> list[str]:
+    """Kernels this CPU can run, fastest first: a subset of avx512vnni, avx2vnni, avx2, scalar."""
+    return _w4a8.supported_isas() if _w4a8 else []
+
+
+def best_isa() -> str | None:
+    """The kernel ``isa="auto"`` runs on this CPU, or None without the compiled kernel."""
+    return _w4a8.best_isa() if _w4a8 else None
+
+
+def supports_shape(n: int, k: int, group_size: int) -> bool:
+    """Whether an ``[N, K]`` weight fits the kernel: N a multiple of 16, group_size a multiple of 16
+    (at most 256) dividing K."""
+    return n % BLOCK_N == 0 and group_size % 16 == 0 and 0 < group_size <= 256 and k % group_size == 0
+
+
+def repack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cpu_int4 weights -> the kernel's layout.
+
+    Args:
+        codes: ``[N, K]`` integer codes 0..15.
+        scales, zeros: ``[N, K / group_size]`` (cast to bf16; cpu_int4 stores bf16).
+
+    Returns:
+        ``(w, sz)``: uint8 ``[N/16, K/8, 16, 4]`` and bf16 ``[N/16, K/group_size, 2, 16]``.
+
+    Raises:
+        ValueError: N is not a multiple of 16 or K not a multiple of 8.
+    """
+    n, k = codes.shape
+    if n % BLOCK_N or k % 8:
+        raise ValueError(f"omni_quant.native.repack: [N={n}, K={k}] needs N % 16 == 0 and K % 8 == 0")
+    groups = scales.shape[1]
+    c = codes.to(torch.uint8).view(n // BLOCK_N, BLOCK_N, k // 8, 8).permute(0, 2, 1, 3)
+    w = (c[..., :4] | (c[..., 4:] << 4)).contiguous()
+    sz = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], 0)       # [2, N, G]
+    sz = sz.view(2, n // BLOCK_N, BLOCK_N, groups).permute(1, 3, 0, 2).contiguous()  # [N/16, G, 2, 16]
+    return w, sz
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
+           bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
+    """``x @ W.T (+ bias)`` with W repacked by :func:`repack`.
+
+    Args:
+        x: ``[..., K]`` bf16 or float32 activations.
+        w, sz: from :func:`repack`; group_size: input channels per group.
+        bias: optional ``[N]``.
+        isa: ``"auto"`` (the best this CPU runs) or one of :func:`supported_isas` (tests).
+
+    Returns:
+        ``[..., N]`` in ``x``'s dtype.
+
+    Raises:
+        RuntimeError: from the kernel, naming the argument that is wrong (shape, dtype, or an
+            ``isa`` this CPU cannot run).
+    """
+    shape = x.shape
+    y = torch.ops.omni_quant.w4a8_linear(x.reshape(-1, shape[-1]).contiguous(), w, sz, group_size, bias, isa)
+    return y.reshape(*shape[:-1], y.shape[-1])
