@@ -39,6 +39,31 @@ def test_c05_registration_reaches_engine_core_and_worker(int4_run):
     assert int4_run["texts"][0].strip()
 
 
+def test_the_kernel_chosen_at_load_is_logged_and_runs(int4_run):
+    """omni's W4A8 kernel wherever it was built (this test process's install is the engine's)."""
+    from omni_quant import native
+
+    (worker,) = int4_run["workers"]
+    if native.available():
+        assert worker["head_kernel"] == "native"
+        assert f"omni W4A8 kernel ({native.best_isa()})" in int4_run.log
+        assert "prefill:" in int4_run.log
+    else:
+        assert worker["head_kernel"] == "int4pack" and "not built" in int4_run.log
+
+
+def test_the_int4pack_fallback_serves_the_same_prompts(int4_model_dir, int4_run):
+    """OMNI_INT4_KERNEL=int4pack (what a machine without the compiled kernel runs): same load,
+    greedy tokens mostly equal to the W4A8 kernel's (int8 activations change a few)."""
+    config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "max_num_seqs": 8, "max_model_len": 512},
+              "prompts": PROMPTS, "max_tokens": 32}
+    run = run_engine(config, clean_env(VLLM_PLUGINS="omni", OMNI_INT4_KERNEL="int4pack"))
+    (worker,) = run["workers"]
+    assert worker["head_kernel"] == "int4pack"
+    first = [a[0] == b[0] for a, b in zip(run["token_ids"], int4_run["token_ids"])]
+    assert sum(first) >= 6, (run["texts"], int4_run["texts"])
+
+
 def test_c09_eight_concurrent_requests_equal_each_alone(int4_run):
     assert int4_run["alone_token_ids"] == int4_run["token_ids"]
 

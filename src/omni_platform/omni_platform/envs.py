@@ -118,6 +118,22 @@ SETTINGS: dict[str, Setting] = {
             "1 switches off omni-patches' _patch_cpu_small_machine_batch_defaults (when installed).",
         ),
         Setting(
+            "OMNI_INT4_KERNEL",
+            _str,
+            "auto",
+            "Which kernel multiplies cpu_int4 weights (omni-quant): native (omni's W4A8 kernel, "
+            "when it was built and fits the layer), int4pack (torch's _weight_int4pack_mm_for_cpu), "
+            "or auto (native where it can run, else int4pack).",
+        ),
+        Setting(
+            "OMNI_INT4_DEQUANT_MIN_ROWS",
+            _nonneg_int,
+            None,
+            "cpu_int4 with the native kernel: from this many rows (tokens in a step) on, dequantize "
+            "the layer to bf16 for the step and use torch's bf16 GEMM; 0 never. Unset: measured per "
+            "layer shape at load on this CPU and cached (omni_quant.kernel_choice).",
+        ),
+        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _nonneg_int,
             None,

@@ -128,6 +128,10 @@ class OmniPlatform(CpuPlatform):
         if envs.OMNI_CPU_ATTN_ONE_OP and isinstance(vllm_config.additional_config, dict):
             # The compiled graph differs (no unified_kv_cache_update op): key the compile cache by it.
             vllm_config.additional_config["omni_cpu_attn_one_op"] = True
+        if envs.is_set("OMNI_INT4_KERNEL") and isinstance(vllm_config.additional_config, dict):
+            # cpu_int4 layers call a different op per kernel: a graph compiled for one must not be
+            # reloaded for the other. (The measured prefill row count is read at run time.)
+            vllm_config.additional_config["omni_int4_kernel"] = envs.OMNI_INT4_KERNEL
 
     @classmethod
     def _configure_process_layout(cls, vllm_config: VllmConfig) -> bool:

@@ -62,20 +62,21 @@ def _head_info(worker: Any) -> dict[str, Any]:
     model = getattr(getattr(worker, "model_runner", None), "model", None)
     head = getattr(model, "lm_head", None)
     if head is None:
-        return {"head_dtype": None, "head_quant_method": None, "head_tied": None}
+        return {"head_dtype": None, "head_quant_method": None, "head_kernel": None, "head_tied": None}
     weight = getattr(head, "weight", None)
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     tied = weight is not None and embed is not None and getattr(embed, "weight", None) is weight
     method = getattr(head, "quant_method", None)
     if weight is not None:
         dtype = str(weight.dtype).removeprefix("torch.")
-    elif getattr(head, "int4_weight", None) is not None:
+    elif getattr(head, "int4_weight", None) is not None or getattr(head, "w4a8_weight", None) is not None:
         dtype = "int4"  # omni-quant cpu_int4: 4-bit codes, no floating-point copy
     else:
         dtype = None
     return {
         "head_dtype": dtype,
         "head_quant_method": type(method).__name__ if method is not None else None,
+        "head_kernel": getattr(head, "cpu_int4_kernel", None),  # cpu_int4: "native" or "int4pack"
         "head_tied": tied,
     }
 

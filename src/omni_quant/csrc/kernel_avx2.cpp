@@ -22,4 +22,8 @@ static inline __m256i dot4_avx2(__m256i acc, __m256i u8, __m256i s8) {
 #include "quant_rows.inc"
 #undef QUANT_FN
 
+#define DEQUANT_FN dequantize_avx2
+#include "dequant_rows.inc"
+#undef DEQUANT_FN
+
 }  // namespace omni_w4a8

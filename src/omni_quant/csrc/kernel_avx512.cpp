@@ -108,4 +108,8 @@ void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
 #include "quant_rows.inc"
 #undef QUANT_FN
 
+#define DEQUANT_FN dequantize_avx512
+#include "dequant_rows.inc"
+#undef DEQUANT_FN
+
 }  // namespace omni_w4a8

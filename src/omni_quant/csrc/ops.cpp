@@ -5,9 +5,11 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <string>
 
 #include "w4a8.h"
@@ -17,6 +19,7 @@ namespace {
 
 using GemmFn = void (*)(const Args&, int64_t, int64_t);
 using QuantFn = void (*)(const QuantArgs&, int64_t, int64_t);
+using DequantFn = void (*)(const DequantArgs&, int64_t, int64_t);
 
 bool supported(const std::string& isa) {
   __builtin_cpu_init();
@@ -36,41 +39,106 @@ std::string best_isa() {
   return "scalar";
 }
 
-void pick(const std::string& isa, GemmFn* gemm, QuantFn* quant) {
+void pick(const std::string& isa, GemmFn* gemm, QuantFn* quant, DequantFn* dequant) {
   if (isa == "avx512vnni") {
     *gemm = gemm_avx512vnni;
     *quant = quantize_rows_avx512;
+    *dequant = dequantize_avx512;
   } else if (isa == "avx2vnni") {
     *gemm = gemm_avx2vnni;
     *quant = quantize_rows_avx2;
+    *dequant = dequantize_avx2;
   } else if (isa == "avx2") {
     *gemm = gemm_avx2;
     *quant = quantize_rows_avx2;
+    *dequant = dequantize_avx2;
   } else {
     *gemm = gemm_scalar;
     *quant = quantize_rows_scalar;
+    *dequant = dequantize_scalar;
   }
 }
 
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
-                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg) {
+std::string resolve_isa(c10::string_view isa_arg) {
   std::string isa(isa_arg.data(), isa_arg.size());
   if (isa == "auto") isa = best_isa();
-  TORCH_CHECK(supported(isa), "omni_quant.w4a8_linear: this CPU cannot run the '", isa,
+  TORCH_CHECK(supported(isa), "omni_quant: this CPU cannot run the '", isa,
               "' kernel (choose one of omni_quant.native.supported_isas())");
+  return isa;
+}
+
+void check_weights(const at::Tensor& w, const at::Tensor& sz, int64_t k, int64_t group_size) {
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
+                  w.is_contiguous(),
+              "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack)");
+  TORCH_CHECK(w.size(1) * 8 == k, "omni_quant: x has K=", k, " but w was packed for K=", w.size(1) * 8);
+  TORCH_CHECK(group_size % 16 == 0 && group_size > 0 && group_size <= 256 && k % group_size == 0,
+              "omni_quant: group_size ", group_size, " must be a multiple of 16, <= 256, dividing K=", k);
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() &&
+                  sz.numel() == w.size(0) * (k / group_size) * 2 * kBlockN,
+              "omni_quant: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16]");
+}
+
+// The kernel's layout -> bf16 [N, K] into `out` (the caller's tensor, or the prefill scratch).
+at::Tensor dequantize_into(const at::Tensor& w, const at::Tensor& sz, int64_t group_size, const std::string& isa,
+                           at::Tensor out) {
+  const int64_t k = w.size(1) * 8;
+  GemmFn gemm;
+  QuantFn quant;
+  DequantFn dq;
+  pick(isa, &gemm, &quant, &dq);
+  DequantArgs d{w.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()),
+                reinterpret_cast<uint16_t*>(out.data_ptr()), k, group_size};
+  at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { dq(d, b0, b1); });
+  return out;
+}
+
+at::Tensor dequantize(const at::Tensor& w, const at::Tensor& sz, int64_t group_size, c10::string_view isa_arg) {
+  const std::string isa = resolve_isa(isa_arg);
+  check_weights(w, sz, w.size(1) * 8, group_size);
+  return dequantize_into(w, sz, group_size, isa,
+                         at::empty({w.size(0) * kBlockN, w.size(1) * 8}, w.options().dtype(at::kBFloat16)));
+}
+
+// One bf16 buffer for the prefill path, reused across calls and layers and grown to the largest
+// layer that takes the path: a fresh allocation of tens of MiB per call costs its page faults
+// (measured: 20 ms to dequantize Qwen2.5-1.5B's gate_up_proj into new memory). Engines call a
+// layer at a time; the mutex keeps concurrent callers (tests) correct.
+std::mutex scratch_mutex;
+at::Tensor scratch;
+
+at::Tensor scratch_for(int64_t n, int64_t k) {
+  if (!scratch.defined() || scratch.numel() < n * k) scratch = at::empty({n * k}, at::TensorOptions().dtype(at::kBFloat16));
+  return scratch.narrow(0, 0, n * k).view({n, k});
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
+                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
+                       const c10::optional<at::Tensor>& dequant_rows) {
+  const std::string isa = resolve_isa(isa_arg);
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "omni_quant.w4a8_linear: x must be a contiguous [M, K] tensor");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
-  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
-                  w.is_contiguous(),
-              "omni_quant.w4a8_linear: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack)");
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
-  TORCH_CHECK(w.size(1) * 8 == k, "omni_quant.w4a8_linear: x has K=", k, " but w was packed for K=", w.size(1) * 8);
-  TORCH_CHECK(group_size % 16 == 0 && group_size > 0 && group_size <= 256 && k % group_size == 0,
-              "omni_quant.w4a8_linear: group_size ", group_size, " must be a multiple of 16, <= 256, dividing K=", k);
+  check_weights(w, sz, k, group_size);
+  // A tensor, not an int: a compiled graph then reads the measured row count at run time
+  // instead of baking the value it was traced with into the cached artifact.
+  int64_t dequant_min_rows = 0;
+  if (dequant_rows.has_value() && dequant_rows->defined()) {
+    TORCH_CHECK(dequant_rows->numel() == 1 && dequant_rows->scalar_type() == at::kLong,
+                "omni_quant.w4a8_linear: dequant_rows must be one int64");
+    dequant_min_rows = dequant_rows->item<int64_t>();
+  }
+  if (dequant_min_rows > 0 && m >= dequant_min_rows) {
+    // Prefill: many rows make the GEMM compute-bound; a bf16 GEMM (AMX / AVX512-BF16 where the
+    // CPU has them) on the weight dequantized for this call can beat the integer kernel.
+    std::lock_guard<std::mutex> guard(scratch_mutex);
+    at::Tensor wd = dequantize_into(w, sz, group_size, isa, scratch_for(n, k));
+    c10::optional<at::Tensor> b16;
+    if (bias.has_value() && bias->defined()) b16 = bias->to(at::kBFloat16);
+    return at::linear(x.to(at::kBFloat16), wd, b16).to(x.scalar_type());
+  }
   const int64_t groups = k / group_size;
-  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.numel() == w.size(0) * groups * 2 * kBlockN,
-              "omni_quant.w4a8_linear: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16]");
   at::Tensor b;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
@@ -85,7 +153,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
   GemmFn gemm;
   QuantFn quant;
-  pick(isa, &gemm, &quant);
+  DequantFn dq;
+  pick(isa, &gemm, &quant, &dq);
   QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
                xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k, group_size};
   // Rows are cheap to quantize (M x K elements): split them only when there are many.
@@ -102,10 +171,15 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 }  // namespace omni_w4a8
 
 TORCH_LIBRARY(omni_quant, m) {
-  m.def("w4a8_linear(Tensor x, Tensor w, Tensor sz, int group_size, Tensor? bias=None, str isa='auto') -> Tensor");
+  m.def("w4a8_linear(Tensor x, Tensor w, Tensor sz, int group_size, Tensor? bias=None, str isa='auto', "
+        "Tensor? dequant_rows=None) -> Tensor");
+  m.def("dequantize(Tensor w, Tensor sz, int group_size, str isa='auto') -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(omni_quant, CPU, m) { m.impl("w4a8_linear", &omni_w4a8::w4a8_linear); }
+TORCH_LIBRARY_IMPL(omni_quant, CPU, m) {
+  m.impl("w4a8_linear", &omni_w4a8::w4a8_linear);
+  m.impl("dequantize", &omni_w4a8::dequantize);
+}
 
 // ---- Python module: which kernels this CPU can run -------------------------------------------
 

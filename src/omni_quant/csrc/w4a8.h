@@ -41,6 +41,15 @@ struct QuantArgs {
   int64_t k, group_size;
 };
 
+// Dequantization of blocks [b0, b1) of the kernel's layout to bf16 bits out [N, K] (prefill path:
+// a bf16 GEMM on the dequantized weight, no second resident copy).
+struct DequantArgs {
+  const uint8_t* w;
+  const uint16_t* sz;
+  uint16_t* out;
+  int64_t k, group_size;
+};
+
 // Each computes output blocks [b0, b1) (block = 16 output channels) for all M rows.
 void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1);
 void gemm_avx2vnni(const Args& a, int64_t b0, int64_t b1);
@@ -50,5 +59,9 @@ void gemm_scalar(const Args& a, int64_t b0, int64_t b1);
 void quantize_rows_avx512(const QuantArgs& q, int64_t r0, int64_t r1);
 void quantize_rows_avx2(const QuantArgs& q, int64_t r0, int64_t r1);
 void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1);
+
+void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1);
+void dequantize_avx2(const DequantArgs& d, int64_t b0, int64_t b1);
+void dequantize_scalar(const DequantArgs& d, int64_t b0, int64_t b1);
 
 }  // namespace omni_w4a8

@@ -8,13 +8,16 @@ Every ``LinearBase`` subclass (QKV, merged column, column, row, replicated) and 
 ``ParallelLMHead`` get :class:`CpuInt4LinearMethod`; the input embedding stays
 unquantized (a lookup). Checkpoint tensors per module (see docs/cpu_int4.md):
 ``qweight`` uint8 ``[N, K/2]``, ``scales`` and ``zeros`` ``[N, K/group_size]``.
-At load they are repacked once into torch's CPU int4 layout; the on-disk tensors are
-then dropped, so one layout stays resident.
+At load they are repacked once into the layout of the kernel chosen for the layer on this
+CPU (:mod:`omni_quant.kernel_choice`): omni's W4A8 kernel where it was built and fits, else
+torch's CPU int4 layout; the on-disk tensors are then dropped, so one layout stays resident.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import logging
 
 import torch
 from vllm.model_executor.layers.linear import (
@@ -27,6 +30,8 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
+from omni_quant import native
+from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
 from omni_quant.ops import cpu_int4_linear
 from omni_quant.packing import FORMAT_VERSION, PackFormat, unpack
 from omni_quant.quant_math import GROUP_SIZES, choose_group_size
@@ -34,6 +39,25 @@ from omni_quant.quant_math import GROUP_SIZES, choose_group_size
 __all__ = ["QUANT_METHOD", "CpuInt4Config", "CpuInt4LinearMethod"]
 
 QUANT_METHOD = "cpu_int4"
+logger = logging.getLogger("vllm.omni_quant")
+_logged: set[tuple] = set()
+
+
+def _log_choice(n: int, k: int, group_size: int, choice: Choice) -> None:
+    """One ``omni-quant:`` line per distinct layer shape and choice in a process."""
+    key = (n, k, group_size, choice.kernel, choice.dequant_min_rows)
+    if key in _logged:
+        return
+    _logged.add(key)
+    if choice.kernel == "native":
+        prefill = (f"prefill: dequantize + bf16 GEMM from {choice.dequant_min_rows} rows"
+                   if choice.dequant_min_rows else "prefill: the same kernel")
+        logger.info("omni-quant: cpu_int4 [%d x %d] group %d: omni W4A8 kernel (%s); %s (%s); "
+                    "override with OMNI_INT4_KERNEL / OMNI_INT4_DEQUANT_MIN_ROWS",
+                    n, k, group_size, native.best_isa(), prefill, choice.reason)
+    else:
+        logger.info("omni-quant: cpu_int4 [%d x %d] group %d: torch _weight_int4pack_mm_for_cpu (%s)",
+                    n, k, group_size, choice.reason)
 
 
 class CpuInt4Config(QuantizationConfig):
@@ -105,7 +129,10 @@ class CpuInt4Config(QuantizationConfig):
 
 @register_weight_loader_v2_supported_method
 class CpuInt4LinearMethod(LinearMethodBase):
-    """Weight-only 4-bit linear for CPU: ``aten._weight_int4pack_mm_for_cpu`` called directly (:mod:`omni_quant.ops`)."""
+    """4-bit linear for CPU: omni's W4A8 kernel (:mod:`omni_quant.native`) or, where it cannot run,
+    ``aten._weight_int4pack_mm_for_cpu`` called directly (:mod:`omni_quant.ops`); which one, and
+    from how many rows prefill dequantizes to bf16, is decided per layer at load
+    (:mod:`omni_quant.kernel_choice`)."""
 
     def __init__(self, config: CpuInt4Config, prefix: str = ""):
         self.config = config
@@ -144,15 +171,41 @@ class CpuInt4LinearMethod(LinearMethodBase):
         layer.cpu_int4_group_size = group_size
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        """Repack once into torch's CPU int4 layout; drop the on-disk tensors."""
-        codes = unpack(layer.qweight.data).to(torch.int32)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-        sz = torch.stack([layer.scales.data.t(), layer.zeros.data.t()], dim=-1).contiguous()
+        """Repack once into the layout of the kernel chosen for this layer; drop the on-disk tensors.
+
+        Raises:
+            ValueError: from :func:`omni_quant.kernel_choice.choose` (an impossible override).
+        """
+        codes = unpack(layer.qweight.data)
+        scales, zeros = layer.scales.data, layer.zeros.data
+        n, k = codes.shape
+        group_size = layer.cpu_int4_group_size
+        repacked: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def measure() -> int:
+            repacked.append(native.repack(codes, scales, zeros))
+            return measure_dequant_min_rows(*repacked[0], group_size)
+
+        choice = choose((n, k), group_size, isinstance(layer, ParallelLMHead), measure)
+        _log_choice(n, k, group_size, choice)
         del layer.qweight, layer.scales, layer.zeros
-        layer.int4_weight = torch.nn.Parameter(packed, requires_grad=False)
-        layer.int4_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
+        layer.cpu_int4_kernel = choice.kernel
+        if choice.kernel == "native":
+            w, sz = repacked[0] if repacked else native.repack(codes, scales, zeros)
+            layer.w4a8_weight = torch.nn.Parameter(w, requires_grad=False)
+            layer.w4a8_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
+            layer.register_buffer(  # a tensor the kernel reads at run time, not a constant of the graph
+                "cpu_int4_dequant_rows", torch.tensor(choice.dequant_min_rows, dtype=torch.int64), persistent=False)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+            sz = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous()
+            layer.int4_weight = torch.nn.Parameter(packed, requires_grad=False)
+            layer.int4_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.cpu_int4_kernel == "native":
+            return native.linear(x, layer.w4a8_weight, layer.w4a8_scales_zeros, layer.cpu_int4_group_size, bias,
+                                 "auto", layer.cpu_int4_dequant_rows)
         return cpu_int4_linear(x, layer.int4_weight, layer.int4_scales_zeros, layer.cpu_int4_group_size, bias)
 
     def tie_weights(self, layer: torch.nn.Module, embed_tokens: torch.nn.Module):

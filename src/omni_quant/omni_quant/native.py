@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["available", "best_isa", "linear", "repack", "supported_isas", "supports_shape"]
+__all__ = ["available", "best_isa", "dequantize", "linear", "repack", "supported_isas", "supports_shape"]
 
 try:
     from omni_quant import _w4a8  # noqa: F401  (registers torch.ops.omni_quant.w4a8_linear)
@@ -37,8 +37,12 @@ else:
     _IMPORT_ERROR = None
 
     @torch.library.register_fake("omni_quant::w4a8_linear")
-    def _fake(x, w, sz, group_size, bias=None, isa="auto"):
+    def _fake(x, w, sz, group_size, bias=None, isa="auto", dequant_rows=None):
         return x.new_empty((x.shape[0], w.shape[0] * 16))
+
+    @torch.library.register_fake("omni_quant::dequantize")
+    def _fake_dequantize(w, sz, group_size, isa="auto"):
+        return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
 BLOCK_N = 16
 
@@ -94,7 +98,8 @@ def repack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tu
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
-           bias: torch.Tensor | None = None, isa: str = "auto") -> torch.Tensor:
+           bias: torch.Tensor | None = None, isa: str = "auto",
+           dequant_min_rows: int | torch.Tensor = 0) -> torch.Tensor:
     """``x @ W.T (+ bias)`` with W repacked by :func:`repack`.
 
     Args:
@@ -102,6 +107,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
         w, sz: from :func:`repack`; group_size: input channels per group.
         bias: optional ``[N]``.
         isa: ``"auto"`` (the best this CPU runs) or one of :func:`supported_isas` (tests).
+        dequant_min_rows: from this many rows on (0: never), dequantize W to bf16 for the call
+            and run torch's bf16 GEMM instead (prefill on CPUs with AMX or AVX512-BF16; the
+            row count is chosen by measurement, :mod:`omni_quant.kernel_choice`). An int, or an
+            int64 one-element tensor, which compiled graphs read at run time (the serving path).
 
     Returns:
         ``[..., N]`` in ``x``'s dtype.
@@ -111,5 +120,12 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
             ``isa`` this CPU cannot run).
     """
     shape = x.shape
-    y = torch.ops.omni_quant.w4a8_linear(x.reshape(-1, shape[-1]).contiguous(), w, sz, group_size, bias, isa)
+    rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
+        torch.tensor(dequant_min_rows, dtype=torch.int64) if dequant_min_rows else None)
+    y = torch.ops.omni_quant.w4a8_linear(x.reshape(-1, shape[-1]).contiguous(), w, sz, group_size, bias, isa, rows)
     return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def dequantize(w: torch.Tensor, sz: torch.Tensor, group_size: int, isa: str = "auto") -> torch.Tensor:
+    """The kernel's layout back to the weight: bf16 ``[N, K]``, ``(q - 8) * s + z`` rounded to bf16."""
+    return torch.ops.omni_quant.dequantize(w, sz, group_size, isa)

@@ -1,0 +1,171 @@
+"""Which kernel multiplies a cpu_int4 layer on this CPU, measured at load and cached.
+
+Decode (a few rows) is memory-bound: omni's W4A8 kernel (:mod:`omni_quant.native`) reads the
+4-bit weights once at close to the machine's read bandwidth, on every CPU it runs on. Prefill
+(hundreds of rows) is compute-bound, and which path wins depends on the CPU: on one with AMX or
+AVX512-BF16, dequantizing the layer to bf16 for the step and calling torch's bf16 GEMM beats the
+integer kernel from some row count on; on an AVX2-only CPU it may never. So the row count from
+which a layer takes the dequantize path is measured here, per layer shape, on the CPU that runs
+it (the two paths on the layer's own weights, rows 16..512, median of 3 calls each), and cached
+in ``$VLLM_CACHE_ROOT/omni/kernel_choice.json`` keyed by CPU model, flags, torch version, thread
+count and shape. Both paths share one resident layout; the dequantize path only borrows a bf16
+scratch buffer the size of the largest such layer.
+
+Overrides (``omni_platform.envs``): ``OMNI_INT4_KERNEL`` (native / int4pack / auto) and
+``OMNI_INT4_DEQUANT_MIN_ROWS`` (a row count, 0 never).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from omni_quant import native
+
+__all__ = ["Choice", "choose", "measure_dequant_min_rows"]
+
+logger = logging.getLogger("vllm.omni_quant.kernel_choice")
+
+CALIBRATION_ROWS = (16, 32, 64, 128, 256, 512)
+WIN_MARGIN = 0.9  # the dequantize path must take at most 90% of the native kernel's time
+_memo: dict[tuple, int] = {}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``kernel``: ``"native"`` or ``"int4pack"``; ``dequant_min_rows``: native only, rows from
+    which the layer dequantizes to bf16 (0: never); ``reason``: why, for the log line."""
+
+    kernel: str
+    dequant_min_rows: int
+    reason: str
+
+
+def _setting(name: str):
+    from omni_platform import envs
+
+    return getattr(envs, name), envs.is_set(name)
+
+
+def _cpu_key() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}|{','.join(native.supported_isas())}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+
+
+def _cache_path() -> Path:
+    from vllm import envs as vllm_envs
+
+    return Path(vllm_envs.VLLM_CACHE_ROOT) / "omni" / "kernel_choice.json"
+
+
+def _load_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store_cache(path: Path, key: str, rows: int) -> None:
+    """Add one entry, atomically (rename); a read-only cache directory only costs a re-measure."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _load_cache(path)
+        data[key] = rows
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".kernel_choice.")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.debug("omni-quant: kernel choice cache not written (%s)", exc)
+
+
+def _median_s(fn, repeats: int = 3) -> float:
+    fn()
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t)
+    return statistics.median(samples)
+
+
+def measure_dequant_min_rows(w: torch.Tensor, sz: torch.Tensor, group_size: int,
+                             rows: tuple[int, ...] = CALIBRATION_ROWS) -> int:
+    """Smallest row count in ``rows`` at which dequantize + bf16 GEMM takes at most
+    ``WIN_MARGIN`` of the native kernel's time on these weights (seconds, median of 3); 0 if none.
+
+    Args:
+        w, sz: one layer in the kernel's layout (:func:`omni_quant.native.repack`).
+    """
+    k = w.shape[1] * 8
+    gen = torch.Generator().manual_seed(0)
+    for m in rows:
+        x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+        t_native = _median_s(lambda: native.linear(x, w, sz, group_size))
+        t_dequant = _median_s(lambda: native.linear(x, w, sz, group_size, dequant_min_rows=1))
+        if t_dequant <= WIN_MARGIN * t_native:
+            return m
+    return 0
+
+
+def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) -> Choice:
+    """The kernel for one ``[N, K]`` layer.
+
+    Args:
+        w_shape: ``(N, K)``.
+        group_size: the layer's group size.
+        is_head: the output head: it sees one row per sequence (vLLM computes logits only for
+            the positions it samples), so it never takes the prefill path and is not measured.
+        measure: ``() -> int``, runs :func:`measure_dequant_min_rows` on the layer once repacked
+            (called only when neither the cache nor ``OMNI_INT4_DEQUANT_MIN_ROWS`` answers).
+
+    Raises:
+        ValueError: ``OMNI_INT4_KERNEL`` is not one of auto, native, int4pack, or asks for the
+            native kernel where it cannot run (not built, or the shape does not fit it).
+    """
+    n, k = w_shape
+    want, _ = _setting("OMNI_INT4_KERNEL")
+    if want not in ("auto", "native", "int4pack"):
+        raise ValueError(f"OMNI_INT4_KERNEL={want!r}: choose auto, native or int4pack")
+    if want == "int4pack":
+        return Choice("int4pack", 0, "OMNI_INT4_KERNEL=int4pack")
+    if not native.available() or not native.supports_shape(n, k, group_size):
+        why = (f"omni W4A8 kernel not built ({native.unavailable_reason()})" if not native.available()
+               else f"[N={n}, K={k}] group {group_size} does not fit the omni W4A8 kernel "
+                    "(N % 16, group_size % 16)")
+        if want == "native":
+            raise ValueError(f"OMNI_INT4_KERNEL=native: {why}; unset it to fall back to int4pack")
+        return Choice("int4pack", 0, why)
+    if is_head:
+        return Choice("native", 0, "output head: decode rows only")
+    rows, user_set = _setting("OMNI_INT4_DEQUANT_MIN_ROWS")
+    if user_set:
+        return Choice("native", rows, "OMNI_INT4_DEQUANT_MIN_ROWS")
+    key = f"{_cpu_key()}|{n}x{k}|g{group_size}"
+    if key in _memo:
+        return Choice("native", _memo[key], "measured (this process)")
+    path = _cache_path()
+    cached = _load_cache(path).get(key)
+    if isinstance(cached, int) and cached >= 0:
+        _memo[key] = cached
+        return Choice("native", cached, f"measured earlier ({path})")
+    rows = measure()
+    _memo[key] = rows
+    _store_cache(path, key, rows)
+    return Choice("native", rows, "measured now")

@@ -1,0 +1,91 @@
+"""omni_quant.kernel_choice: the per-layer kernel, from measurement (cached) or the overrides."""
+
+import json
+
+import pytest
+import torch
+
+from omni_quant import kernel_choice, native
+from omni_quant.quant_math import quantize
+
+needs_kernel = pytest.mark.skipif(not native.available(), reason="omni W4A8 kernel not built")
+
+
+@pytest.fixture(autouse=True)
+def isolated(monkeypatch, tmp_path):
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    monkeypatch.delenv("OMNI_INT4_KERNEL", raising=False)
+    monkeypatch.delenv("OMNI_INT4_DEQUANT_MIN_ROWS", raising=False)
+    monkeypatch.setattr(kernel_choice, "_memo", {})
+    return tmp_path
+
+
+class Measure:
+    def __init__(self, rows):
+        self.rows, self.calls = rows, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.rows
+
+
+@needs_kernel
+def test_measured_once_then_cached_on_disk_for_the_next_process(isolated):
+    m = Measure(128)
+    first = kernel_choice.choose((64, 256), 32, False, m)
+    assert (first.kernel, first.dequant_min_rows, first.reason) == ("native", 128, "measured now")
+    assert kernel_choice.choose((64, 256), 32, False, m).dequant_min_rows == 128 and m.calls == 1
+    kernel_choice._memo.clear()  # a new process: only the file remains
+    again = kernel_choice.choose((64, 256), 32, False, m)
+    assert m.calls == 1 and again.dequant_min_rows == 128 and again.reason.startswith("measured earlier")
+    cache = json.loads((isolated / "omni" / "kernel_choice.json").read_text())
+    [(key, rows)] = cache.items()
+    assert rows == 128 and key.endswith("|64x256|g32") and torch.__version__ in key
+
+
+@needs_kernel
+def test_a_corrupt_cache_file_is_measured_over(isolated):
+    (isolated / "omni").mkdir()
+    (isolated / "omni" / "kernel_choice.json").write_text("{not json")
+    assert kernel_choice.choose((64, 256), 32, False, Measure(0)).reason == "measured now"
+
+
+@needs_kernel
+def test_the_head_is_not_measured_and_never_takes_the_prefill_path():
+    m = Measure(16)
+    c = kernel_choice.choose((49152, 576), 32, True, m)
+    assert (c.kernel, c.dequant_min_rows, m.calls) == ("native", 0, 0)
+
+
+@needs_kernel
+def test_overrides(monkeypatch):
+    m = Measure(16)
+    monkeypatch.setenv("OMNI_INT4_DEQUANT_MIN_ROWS", "0")
+    assert kernel_choice.choose((64, 256), 32, False, m).dequant_min_rows == 0 and m.calls == 0
+    monkeypatch.setenv("OMNI_INT4_KERNEL", "int4pack")
+    assert kernel_choice.choose((64, 256), 32, False, m).kernel == "int4pack"
+    monkeypatch.setenv("OMNI_INT4_KERNEL", "fastest")
+    with pytest.raises(ValueError, match="OMNI_INT4_KERNEL='fastest': choose auto, native or int4pack"):
+        kernel_choice.choose((64, 256), 32, False, m)
+
+
+def test_falls_back_to_int4pack_where_the_kernel_cannot_run(monkeypatch):
+    m = Measure(16)
+    c = kernel_choice.choose((24, 256), 32, False, m)  # N not a multiple of 16
+    assert c.kernel == "int4pack" and "does not fit" in c.reason and m.calls == 0
+    monkeypatch.setenv("OMNI_INT4_KERNEL", "native")
+    with pytest.raises(ValueError, match="OMNI_INT4_KERNEL=native: .*unset it to fall back"):
+        kernel_choice.choose((24, 256), 32, False, m)
+    monkeypatch.delenv("OMNI_INT4_KERNEL")
+    monkeypatch.setattr(native, "_w4a8", None)  # as if built without the kernel
+    monkeypatch.setattr(native, "_IMPORT_ERROR", "No module named 'omni_quant._w4a8'")
+    c = kernel_choice.choose((64, 256), 32, False, m)
+    assert c.kernel == "int4pack" and "not built" in c.reason and "_w4a8" in c.reason
+
+
+@needs_kernel
+def test_measurement_returns_a_calibration_row_count_or_zero():
+    q, s, z = quantize(torch.randn(256, 512), 64, torch.bfloat16)
+    w, sz = native.repack(q, s, z)
+    rows = kernel_choice.measure_dequant_min_rows(w, sz, 64, rows=(16, 256))
+    assert rows in (0, 16, 256)

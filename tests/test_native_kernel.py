@@ -1,0 +1,120 @@
+"""omni_quant.native: omni's W4A8 kernel, every instruction-set path this CPU runs, against the
+dequantize-then-matmul reference; the prefill (dequantize + bf16 GEMM) path; the errors; inductor."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_quant import native
+from omni_quant.quant_math import dequantize, quantize, reference_linear, sqnr_db
+
+pytestmark = pytest.mark.skipif(not native.available(),
+                                reason=f"omni W4A8 kernel not built: {native.unavailable_reason()}")
+
+ISAS = native.supported_isas() if native.available() else []
+
+
+def _layer(n, k, g, seed, offset=0.0):
+    gen = torch.Generator().manual_seed(seed)
+    q, s, z = quantize(torch.randn(n, k, generator=gen) * 0.05 + offset, g, torch.bfloat16)
+    return q, s, z, gen
+
+
+def test_this_cpu_runs_at_least_the_portable_path_and_auto_is_the_fastest():
+    assert ISAS[-1] == "scalar"
+    assert native.best_isa() == ISAS[0]
+    assert set(ISAS) <= {"avx512vnni", "avx2vnni", "avx2", "scalar"}
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@settings(max_examples=25, deadline=None)
+@given(n16=st.integers(1, 12), groups=st.integers(1, 5), g=st.sampled_from([32, 64, 128]), m=st.integers(1, 9),
+       seed=st.integers(0, 2**16), bias=st.booleans(), f32=st.booleans())
+def test_each_path_matches_the_dequantized_reference(isa, n16, groups, g, m, seed, bias, f32):
+    """SQNR >= 38 dB: only the int8 rounding of the activations (per row and group) differs."""
+    n, k = 16 * n16, g * groups
+    q, s, z, gen = _layer(n, k, g, seed)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    if f32:
+        x, b = x.float(), (b.float() if b is not None else None)
+    got = native.linear(x, w, sz, g, b, isa)
+    assert got.shape == (m, n) and got.dtype == x.dtype
+    assert sqnr_db(reference_linear(x, q, s, z, b), got) >= 38.0
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"])
+def test_vector_paths_agree_with_the_plain_cpp_path(isa):
+    """Same integer sums, same float epilogue: differences are float summation order only."""
+    q, s, z, gen = _layer(96, 512, 64, 3)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(7, 512, generator=gen)
+    assert sqnr_db(native.linear(x, w, sz, 64, None, "scalar"), native.linear(x, w, sz, 64, None, isa)) >= 100.0
+
+
+def test_float_zero_points_are_exact_inside_the_kernel():
+    """Groups far from zero (large float zeros): still right, with no correction GEMM outside."""
+    q, s, z, gen = _layer(64, 256, 32, 1, offset=3.0)
+    assert z.float().abs().mean() > 1.0
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(4, 256, generator=gen).to(torch.bfloat16)
+    assert sqnr_db(reference_linear(x, q, s, z), native.linear(x, w, sz, 32)) >= 38.0
+
+
+def test_dequantize_is_bit_exact_and_the_prefill_path_is_a_bf16_gemm_on_it():
+    q, s, z, gen = _layer(48, 256, 64, 5)
+    w, sz = native.repack(q, s, z)
+    wd = native.dequantize(w, sz, 64)
+    assert torch.equal(wd, dequantize(q, s, z, torch.bfloat16))
+    x = torch.randn(20, 256, generator=gen).to(torch.bfloat16)
+    b = torch.randn(48, generator=gen).to(torch.bfloat16)
+    assert torch.equal(native.linear(x, w, sz, 64, b, dequant_min_rows=20), F.linear(x, wd, b))
+    below = native.linear(x, w, sz, 64, b, dequant_min_rows=21)  # 20 rows < 21: the integer kernel
+    assert not torch.equal(below, F.linear(x, wd, b))
+    assert sqnr_db(F.linear(x, wd, b), below) >= 38.0
+
+
+def test_leading_dimensions_and_zero_rows():
+    q, s, z, gen = _layer(32, 128, 32, 2)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(2, 3, 128, generator=gen).to(torch.bfloat16)
+    assert native.linear(x, w, sz, 32).shape == (2, 3, 32)
+    assert native.linear(torch.empty(0, 128, dtype=torch.bfloat16), w, sz, 32).shape == (0, 32)
+
+
+def test_bad_arguments_are_named():
+    q, s, z, _ = _layer(32, 128, 32, 2)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(1, 128, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="cannot run the 'avx9000' kernel"):
+        native.linear(x, w, sz, 32, isa="avx9000")
+    with pytest.raises(RuntimeError, match="x has K=64 but w was packed for K=128"):
+        native.linear(torch.randn(1, 64, dtype=torch.bfloat16), w, sz, 32)
+    with pytest.raises(RuntimeError, match="group_size 48 must be a multiple of 16"):
+        native.linear(x, w, sz, 48)
+    with pytest.raises(RuntimeError, match="x must be bfloat16 or float32"):
+        native.linear(x.half(), w, sz, 32)
+    with pytest.raises(ValueError, match="needs N % 16 == 0"):
+        native.repack(q[:24], s[:24], z[:24])
+
+
+def test_inductor_calls_the_compiled_kernel_with_no_python_op():
+    """The op is registered in C++ (TORCH_LIBRARY); inductor emits an extern call to it."""
+    from torch._inductor.utils import run_and_get_code
+
+    q, s, z, gen = _layer(64, 256, 32, 4)
+    w, sz = native.repack(q, s, z)
+    rows = torch.tensor(0, dtype=torch.int64)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.relu(native.linear(x, w, sz, 32, None, "auto", rows)), backend="inductor",
+                       fullgraph=True, dynamic=True)
+    x = torch.randn(5, 256, generator=gen).to(torch.bfloat16)
+    got, codes = run_and_get_code(fn, x)
+    code = "\n".join(codes)
+    assert "omni_quant.w4a8_linear" in code
+    assert torch.equal(got, torch.relu(native.linear(x, w, sz, 32)))
+    rows.fill_(4)  # read at run time: the compiled graph now takes the prefill path for 5 rows
+    assert torch.equal(fn(x), torch.relu(F.linear(x, native.dequantize(w, sz, 32))))
