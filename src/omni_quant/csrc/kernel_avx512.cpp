@@ -108,8 +108,54 @@ void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
 #include "quant_rows.inc"
 #undef QUANT_FN
 
-#define DEQUANT_FN dequantize_avx512
-#include "dequant_rows.inc"
-#undef DEQUANT_FN
+// AVX-512 dequantization (replaces the plain loop on AVX-512 CPUs): per 64-byte chunk,
+// unpacklo/hi_epi32(lo, hi) puts lane l's 8 codes (4 low nibbles, then 4 high) next to each
+// other; 16 of them at a time become floats, (q - 8) * s + z, and two rows' 8 bf16 each.
+// [a x 8, b x 8] with AVX512F only (insertf32x8 would need AVX512DQ, which the dispatch does not check)
+static inline __m512 halves(float a, float b) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)), _mm256_castps_pd(_mm256_set1_ps(b)), 1));
+}
+
+void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1) {
+  const int64_t k = d.k, g = d.group_size, groups = k / g, chunks = g / 8;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512 eight = _mm512_set1_ps(8.f);
+  // lane order inside the unpacked vectors: unpacklo holds lanes {0,1,4,5,8,9,12,13}, unpackhi {2,3,6,7,...}
+  static const int kLo[8] = {0, 1, 4, 5, 8, 9, 12, 13};
+  static const int kHi[8] = {2, 3, 6, 7, 10, 11, 14, 15};
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = d.w + b * (k / 8) * 64;
+    const uint16_t* szb = d.sz + b * groups * 32;
+    for (int64_t j = 0; j < groups; ++j) {
+      alignas(64) float s[kBlockN], z[kBlockN];
+      _mm512_store_ps(s, bf16x16_to_f32(szb + j * 32));
+      _mm512_store_ps(z, bf16x16_to_f32(szb + j * 32 + 16));
+      for (int64_t c = 0; c < chunks; ++c) {
+        __m512i v = _mm512_loadu_si512(wb + (j * chunks + c) * 64);
+        __m512i lo = _mm512_and_si512(v, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        alignas(64) uint8_t codes[2][64];
+        _mm512_store_si512(codes[0], _mm512_unpacklo_epi32(lo, hi));
+        _mm512_store_si512(codes[1], _mm512_unpackhi_epi32(lo, hi));
+        const int64_t col = (j * chunks + c) * 8;
+        for (int h = 0; h < 2; ++h) {
+          const int* lanes = h ? kHi : kLo;
+          for (int p = 0; p < 4; ++p) {  // 16 codes = lanes[2p] and lanes[2p+1], 8 each
+            const int la = lanes[2 * p], lb = lanes[2 * p + 1];
+            __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+                _mm_load_si128(reinterpret_cast<const __m128i*>(codes[h] + 16 * p))));
+            __m512 sv = halves(s[la], s[lb]), zv = halves(z[la], z[lb]);
+            // mul then add, as torch's (q - 8) * s + z: bit-equal to quant_math.dequantize
+            __m256i out = f32x16_to_bf16(_mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(q, eight), sv), zv));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d.out + (b * kBlockN + la) * k + col),
+                             _mm256_castsi256_si128(out));
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(d.out + (b * kBlockN + lb) * k + col),
+                             _mm256_extracti128_si256(out, 1));
+          }
+        }
+      }
+    }
+  }
+}
 
 }  // namespace omni_w4a8

@@ -65,7 +65,8 @@ def _cpu_key() -> str:
                     break
     except OSError:
         pass
-    return f"{model}|{','.join(native.supported_isas())}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    return (f"{model}|{','.join(native.supported_isas())}|kernel r{native.KERNEL_REVISION}|torch {torch.__version__}"
+            f"|threads {torch.get_num_threads()}")
 
 
 def _cache_path() -> Path:

@@ -45,6 +45,9 @@ else:
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
 BLOCK_N = 16
+KERNEL_REVISION = 2
+"""Bumped when the compiled kernels change speed or results: part of the key of cached
+measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization."""
 
 
 def available() -> bool:
