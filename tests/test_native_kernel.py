@@ -77,6 +77,16 @@ def test_dequantize_is_bit_exact_and_the_prefill_path_is_a_bf16_gemm_on_it():
     assert sqnr_db(F.linear(x, wd, b), below) >= 38.0
 
 
+def test_float16_activations_go_through_float32():
+    """cpu_int4 accepts float16 models (CpuInt4Config.get_supported_act_dtypes)."""
+    q, s, z, gen = _layer(64, 256, 32, 6)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(3, 256, generator=gen).half()
+    got = native.linear(x, w, sz, 32)
+    assert got.dtype == torch.float16
+    assert sqnr_db(reference_linear(x.float(), q, s, z), got) >= 38.0
+
+
 def test_leading_dimensions_and_zero_rows():
     q, s, z, gen = _layer(32, 128, 32, 2)
     w, sz = native.repack(q, s, z)
@@ -96,7 +106,7 @@ def test_bad_arguments_are_named():
     with pytest.raises(RuntimeError, match="group_size 48 must be a multiple of 16"):
         native.linear(x, w, sz, 48)
     with pytest.raises(RuntimeError, match="x must be bfloat16 or float32"):
-        native.linear(x.half(), w, sz, 32)
+        torch.ops.omni_quant.w4a8_linear(x.half(), w, sz, 32)
     with pytest.raises(ValueError, match="needs N % 16 == 0"):
         native.repack(q[:24], s[:24], z[:24])
 

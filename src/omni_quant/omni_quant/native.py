@@ -106,7 +106,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
     """``x @ W.T (+ bias)`` with W repacked by :func:`repack`.
 
     Args:
-        x: ``[..., K]`` bf16 or float32 activations.
+        x: ``[..., K]`` activations; bf16 and float32 go to the kernel as they are, other
+            floating dtypes (float16) through float32.
         w, sz: from :func:`repack`; group_size: input channels per group.
         bias: optional ``[N]``.
         isa: ``"auto"`` (the best this CPU runs) or one of :func:`supported_isas` (tests).
@@ -123,6 +124,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
             ``isa`` this CPU cannot run).
     """
     shape = x.shape
+    if x.dtype not in (torch.bfloat16, torch.float32):  # e.g. a float16 model: the kernel reads bf16 or f32
+        return linear(x.float(), w, sz, group_size, bias, isa, dequant_min_rows).to(x.dtype)
     rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
         torch.tensor(dequant_min_rows, dtype=torch.int64) if dequant_min_rows else None)
     y = torch.ops.omni_quant.w4a8_linear(x.reshape(-1, shape[-1]).contiguous(), w, sz, group_size, bias, isa, rows)
