@@ -44,10 +44,24 @@ def test_measured_once_then_cached_on_disk_for_the_next_process(isolated):
 
 
 @needs_kernel
-def test_a_corrupt_cache_file_is_measured_over(isolated):
+@pytest.mark.parametrize("content", ["{not json", "[1, 2, 3]", "null", '"abc"'])
+def test_a_corrupt_cache_file_is_measured_over(isolated, content):
     (isolated / "omni").mkdir()
-    (isolated / "omni" / "kernel_choice.json").write_text("{not json")
-    assert kernel_choice.choose((64, 256), 32, False, Measure(0)).reason == "measured now"
+    (isolated / "omni" / "kernel_choice.json").write_text(content)
+    assert kernel_choice.choose((64, 256), 32, False, Measure(64)).reason == "measured now"
+    assert list(json.loads((isolated / "omni" / "kernel_choice.json").read_text()).values()) == [64]
+
+
+@needs_kernel
+@pytest.mark.parametrize("value", [10**30, True, -5, 64.0, "64"])
+def test_an_unusable_cached_value_is_measured_over(isolated, value):
+    kernel_choice.choose((64, 256), 32, False, Measure(128))  # writes the key
+    path = isolated / "omni" / "kernel_choice.json"
+    key = next(iter(json.loads(path.read_text())))
+    path.write_text(json.dumps({key: value}))
+    kernel_choice._memo.clear()
+    c = kernel_choice.choose((64, 256), 32, False, Measure(32))
+    assert (c.dequant_min_rows, c.reason) == (32, "measured now")
 
 
 @needs_kernel

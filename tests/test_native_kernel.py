@@ -109,6 +109,13 @@ def test_bad_arguments_are_named():
         torch.ops.omni_quant.w4a8_linear(x.half(), w, sz, 32)
     with pytest.raises(ValueError, match="needs N % 16 == 0"):
         native.repack(q[:24], s[:24], z[:24])
+    with pytest.raises(RuntimeError, match=r"sz must be .* = \[2, 4, 2, 16\]"):  # same numel, wrong shape
+        native.linear(x, w, sz.permute(0, 2, 1, 3).contiguous(), 32)
+    for rows in (0, 1):  # the prefill path checks the bias too
+        with pytest.raises(RuntimeError, match="bias has 1 elements, N=32"):
+            native.linear(x, w, sz, 32, torch.ones(1, dtype=torch.bfloat16), dequant_min_rows=rows)
+    with pytest.raises(TypeError, match="x must be floating point"):
+        native.linear(torch.ones(1, 128, dtype=torch.int32), w, sz, 32)
 
 
 def test_inductor_calls_the_compiled_kernel_with_no_python_op():

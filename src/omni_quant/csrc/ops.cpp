@@ -74,9 +74,10 @@ void check_weights(const at::Tensor& w, const at::Tensor& sz, int64_t k, int64_t
   TORCH_CHECK(w.size(1) * 8 == k, "omni_quant: x has K=", k, " but w was packed for K=", w.size(1) * 8);
   TORCH_CHECK(group_size % 16 == 0 && group_size > 0 && group_size <= 256 && k % group_size == 0,
               "omni_quant: group_size ", group_size, " must be a multiple of 16, <= 256, dividing K=", k);
-  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() &&
-                  sz.numel() == w.size(0) * (k / group_size) * 2 * kBlockN,
-              "omni_quant: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16]");
+  TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.dim() == 4 &&
+                  sz.size(0) == w.size(0) && sz.size(1) == k / group_size && sz.size(2) == 2 && sz.size(3) == kBlockN,
+              "omni_quant: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16] = [", w.size(0), ", ",
+              k / group_size, ", 2, 16] (got ", sz.sizes(), "; is group_size=", group_size, " the one it was packed with?)");
 }
 
 // The kernel's layout -> bf16 [N, K] into `out` (the caller's tensor, or the prefill scratch).
@@ -95,6 +96,7 @@ at::Tensor dequantize_into(const at::Tensor& w, const at::Tensor& sz, int64_t gr
 
 at::Tensor dequantize(const at::Tensor& w, const at::Tensor& sz, int64_t group_size, c10::string_view isa_arg) {
   const std::string isa = resolve_isa(isa_arg);
+  TORCH_CHECK(w.dim() == 4, "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack)");
   check_weights(w, sz, w.size(1) * 8, group_size);
   return dequantize_into(w, sz, group_size, isa,
                          at::empty({w.size(0) * kBlockN, w.size(1) * 8}, w.options().dtype(at::kBFloat16)));
@@ -121,6 +123,8 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
               "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
   check_weights(w, sz, k, group_size);
+  if (bias.has_value() && bias->defined())
+    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
   // A tensor, not an int: a compiled graph then reads the measured row count at run time
   // instead of baking the value it was traced with into the cached artifact.
   int64_t dequant_min_rows = 0;

@@ -76,10 +76,12 @@ def _cache_path() -> Path:
 
 
 def _load_cache(path: Path) -> dict:
+    """The cache as a dict; anything else (missing, unreadable, not JSON, not an object) is empty."""
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _store_cache(path: Path, key: str, rows: int) -> None:
@@ -163,7 +165,7 @@ def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) ->
         return Choice("native", _memo[key], "measured (this process)")
     path = _cache_path()
     cached = _load_cache(path).get(key)
-    if isinstance(cached, int) and cached >= 0:
+    if type(cached) is int and 0 <= cached < 2**31:  # not a bool, not a float, fits the op's int64
         _memo[key] = cached
         return Choice("native", cached, f"measured earlier ({path})")
     rows = measure()

@@ -124,6 +124,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
             ``isa`` this CPU cannot run).
     """
     shape = x.shape
+    if not x.is_floating_point():
+        raise TypeError(f"omni_quant.native.linear: x must be floating point, got {x.dtype}")
     if x.dtype not in (torch.bfloat16, torch.float32):  # e.g. a float16 model: the kernel reads bf16 or f32
         return linear(x.float(), w, sz, group_size, bias, isa, dequant_min_rows).to(x.dtype)
     rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
