@@ -28,6 +28,17 @@ if os.environ.get("OMNI_QUANT_NO_KERNEL") != "1":
             extra_link_args=["-fopenmp"],
             optional=True,  # a compiler error leaves the pure-torch path, not a failed install
         )]
-        cmdclass = {"build_ext": BuildExtension}
+        class OptionalBuildExtension(BuildExtension):
+            """A failed kernel build leaves the pure-torch path, not a failed install (``optional=True``
+            alone does not catch torch's ninja errors)."""
+
+            def build_extension(self, ext):
+                try:
+                    super().build_extension(ext)
+                except Exception as exc:  # compiler missing or failing: any error
+                    print(f"omni-quant: building the W4A8 kernel failed ({type(exc).__name__}: {exc}); "
+                          "installing without it: cpu_int4 will use torch's int4 kernel", file=sys.stderr)
+
+        cmdclass = {"build_ext": OptionalBuildExtension}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)
