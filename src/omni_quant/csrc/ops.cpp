@@ -34,9 +34,12 @@ bool supported(const std::string& isa) {
 }
 
 std::string best_isa() {
-  for (const char* isa : {"avx512vnni", "avx2vnni", "avx2"})
-    if (supported(isa)) return isa;
-  return "scalar";
+  static const std::string best = [] {  // the CPU does not change: resolve once, not on every call
+    for (const char* isa : {"avx512vnni", "avx2vnni", "avx2"})
+      if (supported(isa)) return std::string(isa);
+    return std::string("scalar");
+  }();
+  return best;
 }
 
 void pick(const std::string& isa, GemmFn* gemm, QuantFn* quant, DequantFn* dequant) {
