@@ -30,10 +30,14 @@ def test_this_cpu_runs_at_least_the_portable_path_and_auto_is_the_fastest():
 
 @pytest.mark.parametrize("isa", ISAS)
 @settings(max_examples=25, deadline=None)
-@given(n16=st.integers(1, 12), groups=st.integers(1, 5), g=st.sampled_from([32, 64, 128]), m=st.integers(1, 9),
+@given(n16=st.integers(1, 12), groups=st.integers(1, 5), g=st.sampled_from([16, 32, 48, 64, 128, 256]),
+       m=st.integers(1, 13),
        seed=st.integers(0, 2**16), bias=st.booleans(), f32=st.booleans())
 def test_each_path_matches_the_dequantized_reference(isa, n16, groups, g, m, seed, bias, f32):
-    """SQNR >= 38 dB: only the int8 rounding of the activations (per row and group) differs."""
+    """SQNR >= 38 dB: only the int8 rounding of the activations (per row and group) differs.
+
+    Group sizes cover both int16 flush intervals of the AVX2 kernel (groups of 2 (mod 4) chunks of
+    8 channels: 16, 48) and m covers its 4-row assembly path and the 1-3 row tails."""
     n, k = 16 * n16, g * groups
     q, s, z, gen = _layer(n, k, g, seed)
     w, sz = native.repack(q, s, z)
@@ -44,6 +48,35 @@ def test_each_path_matches_the_dequantized_reference(isa, n16, groups, g, m, see
     got = native.linear(x, w, sz, g, b, isa)
     assert got.shape == (m, n) and got.dtype == x.dtype
     assert sqnr_db(reference_linear(x, q, s, z, b), got) >= 38.0
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [63, 64, 65, 130])
+def test_prefill_row_counts_cross_the_row_tiles(isa, m):
+    """Rows are taken in tiles of 64 per pass over the weights: each tile boundary, and a tail of
+    2 rows after full 4-row steps, give the same rows as the rows computed one at a time."""
+    q, s, z, gen = _layer(48, 256, 128, 11)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(m, 256, generator=gen)
+    together = native.linear(x, w, sz, 128, None, isa)
+    alone = torch.cat([native.linear(x[i:i + 1], w, sz, 128, None, isa) for i in range(m)])
+    assert torch.equal(together, alone)
+    assert sqnr_db(reference_linear(x, q, s, z), together) >= 38.0
+
+
+def test_the_int16_sums_do_not_overflow_at_the_extremes():
+    """Codes all 15 and activations all +-127 (the int8 extremes): each int16 lane of the AVX2
+    kernel sums 4 products a chunk over 4 chunks, 16 * 15 * 127 = 30480 in magnitude, the bound
+    it is designed to (< 32767). Every path must give the exact product."""
+    n, k, g = 32, 256, 128
+    q = torch.full((n, k), 15, dtype=torch.uint8)
+    s = torch.full((n, k // g), 0.01, dtype=torch.bfloat16)
+    z = torch.zeros(n, k // g, dtype=torch.bfloat16)
+    w, sz = native.repack(q, s, z)
+    x = torch.cat([torch.ones(4, k), -torch.ones(4, k)])  # quantized to +127 and -127 exactly
+    for isa in ISAS:
+        got = native.linear(x, w, sz, g, None, isa)
+        assert torch.allclose(got, reference_linear(x, q, s, z), rtol=1e-5), isa
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if i != "scalar"])

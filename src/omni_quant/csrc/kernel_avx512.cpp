@@ -104,10 +104,6 @@ void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
   }
 }
 
-#define QUANT_FN quantize_rows_avx512
-#include "quant_rows.inc"
-#undef QUANT_FN
-
 // AVX-512 dequantization (replaces the plain loop on AVX-512 CPUs): per 64-byte chunk,
 // unpacklo/hi_epi32(lo, hi) puts lane l's 8 codes (4 low nibbles, then 4 high) next to each
 // other; 16 of them at a time become floats, (q - 8) * s + z, and two rows' 8 bf16 each.

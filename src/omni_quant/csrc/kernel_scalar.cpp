@@ -50,9 +50,49 @@ void gemm_scalar(const Args& a, int64_t b0, int64_t b1) {
   }
 }
 
-#define QUANT_FN quantize_rows_scalar
-#include "quant_rows.inc"
-#undef QUANT_FN
+// Activations -> int8 per (row, group): scale max|x| / 127, round half away from zero, clamp to +-127
+// (kernel_avx2.cpp has the vectorized form every AVX2 and AVX-512 CPU runs).
+void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1) {
+  const int64_t k = q.k, g = q.group_size, groups = k / g;
+  float buf[256];  // one group of activations as float (group_size <= 256)
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t j = 0; j < groups; ++j) {
+      const int64_t base = r * k + j * g;
+      if (q.x_bf16) {
+        const uint16_t* src = static_cast<const uint16_t*>(q.x) + base;
+        for (int64_t i = 0; i < g; ++i) {
+          uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+          float f;
+          __builtin_memcpy(&f, &bits, 4);
+          buf[i] = f;
+        }
+      } else {
+        const float* src = static_cast<const float*>(q.x) + base;
+        for (int64_t i = 0; i < g; ++i) buf[i] = src[i];
+      }
+      float amax = 0.f, sum = 0.f;
+      for (int64_t i = 0; i < g; ++i) {
+        float v = buf[i] < 0.f ? -buf[i] : buf[i];
+        amax = v > amax ? v : amax;
+        sum += buf[i];
+      }
+      const float scale = amax / 127.f;
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t isum = 0;
+      int8_t* dst = q.xq + base;
+      for (int64_t i = 0; i < g; ++i) {
+        float v = buf[i] * inv;
+        int32_t iv = static_cast<int32_t>(v >= 0.f ? v + 0.5f : v - 0.5f);  // round half away from zero
+        iv = iv > 127 ? 127 : (iv < -127 ? -127 : iv);
+        dst[i] = static_cast<int8_t>(iv);
+        isum += iv;
+      }
+      q.xs[r * groups + j] = scale;
+      q.xsum[r * groups + j] = isum;
+      q.xf[r * groups + j] = sum;
+    }
+  }
+}
 
 #define DEQUANT_FN dequantize_scalar
 #include "dequant_rows.inc"

@@ -45,7 +45,7 @@ std::string best_isa() {
 void pick(const std::string& isa, GemmFn* gemm, QuantFn* quant, DequantFn* dequant) {
   if (isa == "avx512vnni") {
     *gemm = gemm_avx512vnni;
-    *quant = quantize_rows_avx512;
+    *quant = quantize_rows_avx2;  // AVX-512 CPUs run the AVX2 quantizer: the GEMM is what differs
     *dequant = dequantize_avx512;
   } else if (isa == "avx2vnni") {
     *gemm = gemm_avx2vnni;

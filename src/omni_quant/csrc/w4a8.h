@@ -56,7 +56,6 @@ void gemm_avx2vnni(const Args& a, int64_t b0, int64_t b1);
 void gemm_avx2(const Args& a, int64_t b0, int64_t b1);
 void gemm_scalar(const Args& a, int64_t b0, int64_t b1);
 
-void quantize_rows_avx512(const QuantArgs& q, int64_t r0, int64_t r1);
 void quantize_rows_avx2(const QuantArgs& q, int64_t r0, int64_t r1);
 void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1);
 

@@ -113,18 +113,27 @@ def measure_dequant_min_rows(w: torch.Tensor, sz: torch.Tensor, group_size: int,
     """Smallest row count in ``rows`` at which dequantize + bf16 GEMM takes at most
     ``WIN_MARGIN`` of the native kernel's time on these weights (seconds, median of 3); 0 if none.
 
+    The largest row count is measured first: the dequantization is a fixed cost per call and both
+    GEMMs grow with the rows, so a path that loses there loses at every smaller count, and a CPU
+    whose bf16 GEMM is slow (no AVX512-BF16 or AMX: it converts every element) pays for one
+    comparison, not one per row count.
+
     Args:
         w, sz: one layer in the kernel's layout (:func:`omni_quant.native.repack`).
+        rows: the row counts to try, ascending.
     """
     k = w.shape[1] * 8
     gen = torch.Generator().manual_seed(0)
-    for m in rows:
+
+    def dequant_wins(m: int) -> bool:
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
         t_native = _median_s(lambda: native.linear(x, w, sz, group_size))
         t_dequant = _median_s(lambda: native.linear(x, w, sz, group_size, dequant_min_rows=1))
-        if t_dequant <= WIN_MARGIN * t_native:
-            return m
-    return 0
+        return t_dequant <= WIN_MARGIN * t_native
+
+    if not rows or not dequant_wins(rows[-1]):
+        return 0
+    return next(m for m in rows if m == rows[-1] or dequant_wins(m))
 
 
 def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) -> Choice:

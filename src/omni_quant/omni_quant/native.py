@@ -15,8 +15,8 @@ where ``xq`` are the activations quantized to int8 per (row, group) with scale `
 ``max|x| / 127``, as llama.cpp's Q8_0 blocks) and ``X[m, j]`` is the exact float sum of the group's
 activations: the float zero points are kept exact inside the kernel, no correction GEMM.
 The integer dot products are ``vpdpbusd`` (AVX-512 VNNI, or AVX-VNNI on AVX2 CPUs) or
-``vpmaddubsw`` + ``vpmaddwd`` (AVX2), chosen at run time from the CPU's flags; a plain C++ kernel
-covers the rest. Weight layout (:func:`repack`): uint8 ``[N/16, K/8, 16, 4]``, each byte the codes
+``vpmaddubsw`` with int16 sums of 4 chunks widened by one ``vpmaddwd`` (AVX2), chosen at run time
+from the CPU's flags; a plain C++ kernel covers the rest. Weight layout (:func:`repack`): uint8 ``[N/16, K/8, 16, 4]``, each byte the codes
 of input channels ``8c+i`` (low nibble) and ``8c+4+i`` (high nibble) for one of 16 output
 channels, so one 64-byte load feeds two ``vpdpbusd`` per row; scales and zeros bf16
 ``[N/16, K/group_size, 2, 16]`` next to each other: as many bytes as the checkpoint holds.
@@ -45,9 +45,10 @@ else:
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
 BLOCK_N = 16
-KERNEL_REVISION = 2
+KERNEL_REVISION = 3
 """Bumped when the compiled kernels change speed or results: part of the key of cached
-measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization."""
+measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
+int16 sums and 4-row assembly, vectorized activation quantization."""
 
 
 def available() -> bool:
