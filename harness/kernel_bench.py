@@ -15,16 +15,28 @@ Kernels (each on the same random 4-bit weights of each shape):
   ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
 - ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.native`), float zeros fused, one
   entry per instruction-set path this CPU runs (avx512vnni, avx2vnni, avx2);
+- ``zentorch``: AMD's ``zentorch_woq_linear`` (``zentorch`` 2.13.0.2, the pip-installable
+  kernel library that matches torch 2.13; vLLM selects it on AMD Zen CPUs for GPTQ checkpoints,
+  ``vllm/model_executor/kernels/linear/mixed_precision/zentorch.py``), integer zero point 8. Only
+  when importable: ``make kernel-matrix`` installs it into ``.cache/zentorch`` beside, not into,
+  the venv (installed there, vLLM would switch stock runs on Zen CPUs to its ZenCpuPlatform);
 - ``dequant_bf16``: dequantize to bf16, then ``F.linear`` (a prefill path with no second
   resident layout);
 - ``bf16``: ``F.linear`` on a resident bf16 weight (reads 4x the bytes; the reference).
+
+Every kernel is first checked against the dequantized reference on 4 rows (SQNR in dB, recorded
+as ``sqnr_db``; the kernels with an integer zero point against ``(q - 8) * s``): one that raises
+or falls below ``MIN_SQNR_DB`` is not timed, and the artifact's ``failed`` names it with the reason
+(zentorch on a CPU without AVX512-BF16 returns NaN).
 
 Time is the median of ``--repeats`` calls, microseconds. At M <= 16 every call reads a
 different copy of the weights, enough copies to exceed the last-level cache twice
 (``/sys/devices/system/cpu/cpu0/cache``), so decode is timed from memory, not from cache.
 ``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time;
 ``pct_ceiling`` divides it by the machine's read bandwidth, measured in the same run
-(``torch.sum`` of float32 over a buffer 4x the last-level cache, same threads). The artifact records
+(``torch.sum`` of float32 over a buffer 4x the last-level cache, same threads) before every
+shape: on a shared machine it moves by a third between minutes, so the artifact keeps every
+sample and divides by the highest. The artifact records
 the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
 AVX-VNNI, AVX2).
 """
@@ -56,6 +68,7 @@ SHAPES: dict[str, list[tuple[str, int, int, int]]] = {
                            ("lm_head", 151936, 1536, 128)],
 }
 MEMORY_BOUND_ROWS = 16
+MIN_SQNR_DB = 30.0  # int8 activation rounding costs a few dB below the ~40 dB of bf16 activations
 GB = 1e9
 
 
@@ -102,8 +115,29 @@ def _median_us(fn: Callable[[int], Any], repeats: int, copies: int, start: int =
     return statistics.median(samples)
 
 
+SYMMETRIC = {"w4a8_kernel", "wna16", "zentorch"}
+"""Kernels with an integer zero point 8 (``w = (q - 8) * s``), not cpu_int4's float zeros."""
+
+
+def _zentorch_kernel(q32, s, g: int, copies: int):
+    """``zentorch_woq_linear`` on codes ``q32`` ``[N, K]`` with zero point 8, or None when
+    zentorch is not importable (layout as vLLM's ``ZentorchWNA16LinearKernel`` builds it)."""
+    import torch
+
+    try:
+        import zentorch  # noqa: F401  (registers torch.ops.zentorch)
+    except ImportError:
+        return None
+    n, k = q32.shape
+    packed = [torch.ops.zentorch.zentorch_woq_repack_weight(q32.to(torch.int8).contiguous()).t() for _ in range(copies)]
+    scale_t = s.t().contiguous()                                        # [K/g, N] bf16
+    zp_t = torch.full((k // g, n), 8, dtype=torch.int8)
+    return lambda x, i: torch.ops.zentorch.zentorch_woq_linear(x, packed[i], scale_t, zp_t, None)
+
+
 def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, int]]:
-    """kernel name -> (call(x, copy index), bytes of one weight copy)."""
+    """``({kernel name: (call(x, copy index), bytes of one weight copy)}, (w, q, s, z))``: the
+    kernels and the float weight ``[N, K]`` with its codes, scales and zeros."""
     import torch
     import torch.nn.functional as F
 
@@ -150,6 +184,9 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
             return y
 
         out["wna16"] = (wna16, n * k // 2 + meta // 2)
+    zen = _zentorch_kernel(q32, s, g, copies)
+    if zen is not None:
+        out["zentorch"] = (zen, n * k // 2 + meta // 2)
     deq = [(q.to(torch.uint8).clone(), s.clone(), z.clone()) for _ in range(copies)]
 
     def dequant_bf16(x, i):
@@ -160,7 +197,34 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
     out["dequant_bf16"] = (dequant_bf16, n * k + meta)  # codes held one a byte here
     bf = [w.to(torch.bfloat16) for _ in range(max(1, copies // 4))]
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
-    return out
+    return out, (w, q, s, z)
+
+
+def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, str]]:
+    """Each kernel on 4 rows against its reference (the dequantized weight; ``bf16``: the float
+    weight): ``({name: sqnr_db}, {name: reason})`` for the kernels that pass and those that raise
+    or fall below ``MIN_SQNR_DB``."""
+    import torch
+
+    from omni_quant.quant_math import reference_linear, sqnr_db
+
+    w, q, s, z = weights
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
+    ref = {"ours": reference_linear(x, q, s, z), "sym8": reference_linear(x, q, s, torch.zeros_like(z)),
+           "float": x.float() @ w.T}
+    passed, failed = {}, {}
+    for name, (fn, _) in kernels.items():
+        try:
+            kind = "sym8" if name in SYMMETRIC else "float" if name == "bf16" else "ours"
+            db = sqnr_db(ref[kind], fn(x, 0))
+        except Exception as exc:  # a kernel this CPU cannot run: named, not fatal
+            failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            continue
+        if not db >= MIN_SQNR_DB:  # NaN included
+            failed[name] = f"SQNR {db:.1f} dB against the dequantized reference (< {MIN_SQNR_DB} dB)"
+        else:
+            passed[name] = db
+    return passed, failed
 
 
 def _wna16_layout(q32):
@@ -193,14 +257,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     llc = llc_bytes()
-    ceiling = read_bandwidth_gbps(4 * llc)
-    print(f"read bandwidth {ceiling:.1f} GB/s ({args.threads} threads, {4 * llc >> 20} MiB buffer)", flush=True)
-    results = []
+    samples = []
+    results, failed = [], []
     for model in args.models.split(","):
         for layer, n, k, g in SHAPES[model]:
             one = n * k // 2
             copies = max(1, min(-(-2 * llc // one), (args.copy_budget_mib << 20) // max(one, 1)))
-            kernels = _kernels(n, k, g, copies)
+            samples.append(read_bandwidth_gbps(4 * llc))
+            ceiling = max(samples)
+            print(f"read bandwidth {samples[-1]:.1f} GB/s, highest so far {ceiling:.1f} "
+                  f"({args.threads} threads, {4 * llc >> 20} MiB buffer)", flush=True)
+            kernels, weights = _kernels(n, k, g, copies)
+            sqnr, bad = check(kernels, weights, k)
+            for name, why in bad.items():
+                failed.append({"model": model, "layer": layer, "n": n, "k": k, "kernel": name, "reason": why})
+                print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} {name}: not timed, {why}", flush=True)
+                del kernels[name]
             for m in rows:
                 x = torch.randn(m, k, dtype=torch.bfloat16)
                 n_copies = copies if m <= MEMORY_BOUND_ROWS else 1
@@ -212,19 +284,24 @@ def main(argv: list[str] | None = None) -> int:
                     gbps = nbytes / (us * 1e-6) / GB
                     results.append({"model": model, "layer": layer, "n": n, "k": k, "group_size": g, "m": m,
                                     "kernel": name, "us": us, "gbps": gbps, "pct_ceiling": 100 * gbps / ceiling,
-                                    "weight_bytes": nbytes, "copies": n_copies})
+                                    "weight_bytes": nbytes, "copies": n_copies, "sqnr_db": sqnr[name]})
                     print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
                           f"{gbps:6.1f} GB/s {100 * gbps / ceiling:5.1f}%", flush=True)
             del kernels
+    ceiling = max(samples)
+    for row in results:  # against the highest read bandwidth of the whole run
+        row["pct_ceiling"] = 100 * row["gbps"] / ceiling
     artifact = {
         "kind": "kernel_matrix",
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "threads": args.threads,
         "read_bandwidth_gbps": ceiling,
+        "read_bandwidth_samples_gbps": samples,
         "llc_bytes": llc,
         "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
         "versions": collect_versions(),
         "results": results,
+        "failed": failed,
     }
     out = args.out or Path(__file__).resolve().parent / "results" / (
         "kernel_matrix-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ".json")

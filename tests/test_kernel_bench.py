@@ -1,0 +1,48 @@
+"""harness.kernel_bench's correctness gate: every candidate is checked against its reference before
+it is timed, and a kernel that raises or returns garbage is named with the reason, not timed."""
+
+import math
+
+import pytest
+import torch
+
+from harness import kernel_bench
+from omni_quant import native
+from omni_quant.quant_math import quantize
+
+
+def test_real_kernels_pass_and_broken_ones_are_named_with_the_reason():
+    kernels, weights = kernel_bench._kernels(64, 256, 64, copies=1)
+    kernels["nan"] = (lambda x, i: torch.full((x.shape[0], 64), float("nan")), 1)
+    kernels["raises"] = (lambda x, i: (_ for _ in ()).throw(RuntimeError("this CPU lacks AVX512_BF16\nmore")), 1)
+    kernels["zeros"] = (lambda x, i: torch.zeros(x.shape[0], 64), 1)
+    passed, failed = kernel_bench.check(kernels, weights, 256)
+    assert set(failed) == {"nan", "raises", "zeros"}
+    assert failed["raises"] == "RuntimeError: this CPU lacks AVX512_BF16"
+    assert "SQNR nan dB" in failed["nan"] and f"< {kernel_bench.MIN_SQNR_DB}" in failed["zeros"]
+    assert {"int4pack", "dequant_bf16", "bf16"} <= set(passed)
+    if native.available():
+        assert {f"omni_w4a8_{isa}" for isa in native.supported_isas() if isa != "scalar"} <= set(passed)
+    assert all(db >= kernel_bench.MIN_SQNR_DB and not math.isnan(db) for db in passed.values())
+
+
+def test_symmetric_kernels_are_judged_against_zero_point_8():
+    """A kernel computing (q - 8) * s (integer zero point 8) is right against that reference and
+    would fail against cpu_int4's float zeros: the gate must not reject it for the format."""
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(1)) * 0.02
+    q, s, z = quantize(w, 64, torch.bfloat16)
+    sym = lambda x, i: x.float() @ ((q.float() - 8) * s.float().repeat_interleave(64, 1)).T  # noqa: E731
+    passed, failed = kernel_bench.check({"wna16": (sym, 1)}, (w, q, s, z), 256)
+    assert "wna16" in passed and not failed
+    passed, failed = kernel_bench.check({"int4pack": (sym, 1)}, (w, q, s, z), 256)
+    assert "int4pack" in failed
+
+
+@pytest.mark.parametrize("model", sorted(kernel_bench.SHAPES))
+def test_shapes_are_the_models_linears(model):
+    """The shapes the matrix times are the real models' (one decoder layer's linears and the head)."""
+    from harness.models import MODELS
+
+    layers = {name: (n, k) for name, n, k, _ in kernel_bench.SHAPES[model]}
+    assert set(layers) == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
+    assert model in MODELS
