@@ -2,6 +2,7 @@
 
     python -m harness.kernel_bench [--models smollm2-135m,qwen2.5-coder-1.5b] [--rows 1,2,4,8,16,64,256,512]
         [--threads 2] [--repeats 7] [--out harness/results/kernel_matrix-STAMP.json]
+    python -m harness.kernel_bench table ARTIFACT      # the markdown tables the docs quote
 
 Kernels (each on the same random 4-bit weights of each shape):
 
@@ -237,7 +238,38 @@ def _wna16_layout(q32):
     return packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
 
 
+def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...] = (16, 64, 512)) -> str:
+    """Markdown of a kernel-matrix artifact: GB/s and % of the run's read ceiling per kernel at
+    ``rows``, then milliseconds at ``ms_rows``, one line per model and layer (what the docs quote)."""
+    res = artifact["results"]
+    kernels = list(dict.fromkeys(r["kernel"] for r in res))
+    layers = list(dict.fromkeys((r["model"], r["layer"]) for r in res))
+    at = {(r["model"], r["layer"], r["m"], r["kernel"]): r for r in res}
+    out = [f"read ceiling {artifact['read_bandwidth_gbps']:.1f} GB/s (highest of "
+           f"{len(artifact.get('read_bandwidth_samples_gbps', [1]))} samples, {artifact['threads']} threads); "
+           f"{artifact['cpu'].get('cpu_model', '?')}, cpu flags: {', '.join(artifact['cpu'].get('cpu_flags', [])) or '?'}"]
+    for m in rows:
+        out += ["", f"| model | layer (M={m}) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
+        for model, layer in layers:
+            cells = [f"{at[model, layer, m, k]['gbps']:.1f} ({at[model, layer, m, k]['pct_ceiling']:.0f}%)"
+                     if (model, layer, m, k) in at else "-" for k in kernels]
+            out.append(f"| {model} | {layer} | " + " | ".join(cells) + " |")
+    for m in ms_rows:
+        out += ["", f"| model | layer (M={m}, ms) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
+        for model, layer in layers:
+            cells = [f"{at[model, layer, m, k]['us'] / 1e3:.2f}" if (model, layer, m, k) in at else "-" for k in kernels]
+            out.append(f"| {model} | {layer} | " + " | ".join(cells) + " |")
+    for f in artifact.get("failed", []):
+        out.append(f"\nnot timed: {f['kernel']} on {f['model']} {f['layer']}: {f['reason']}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["table"]:  # python -m harness.kernel_bench table ARTIFACT
+        print(table(json.loads(Path(argv[1]).read_text())))
+        return 0
     ap = argparse.ArgumentParser(prog="python -m harness.kernel_bench", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
     ap.add_argument("--rows", default="1,2,4,8,16,64,256,512")

@@ -314,6 +314,7 @@ def convert_gguf(gguf: Path, out_dir: Path, *, name: str, distribution: str | No
             "created_unix": time.time(),
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        os.chmod(tmp, 0o755)  # mkdtemp made it private: a server under another user must read it
         os.rename(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -376,6 +377,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
                        "group_size": spec.group_size},
             "tools": _versions("omni-quant", "torch", "safetensors"), "created_unix": time.time(),
         }, indent=2) + "\n")
+        os.chmod(tmp / "ckpt", 0o755)
         os.rename(tmp / "ckpt", out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -105,14 +105,17 @@ def test_c08_k_no_group_divides_is_refused_at_conversion(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["missing_dir", "no_config", "bad_json", "no_weights", "corrupt", "truncated",
-                                  "int_dtype", "arch", "exists", "already_quantized"])
+                                  "int_dtype", "arch", "exists", "already_quantized", "null_quant_config",
+                                  "gptq_quant_config"])
 def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     src = tmp_path / "src"
     dst = tmp_path / "out" / "dst"
     expect = {"missing_dir": "not a directory", "no_config": "config.json is missing", "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
-              "arch": "not supported", "exists": "exists", "already_quantized": "already quantized"}[case]
+              "arch": "not supported", "exists": "exists", "already_quantized": "already quantized",
+              "null_quant_config": "quantization_config is null",  # C18
+              "gptq_quant_config": "quant_method 'gptq'"}[case]
     if case != "missing_dir":
         write_checkpoint(src)
     if case == "no_config":
@@ -137,13 +140,16 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
         (src / "config.json").write_text(json.dumps(cfg))
     elif case == "exists":
         dst.mkdir(parents=True)
-    elif case == "already_quantized":
+    elif case in ("already_quantized", "null_quant_config", "gptq_quant_config"):
         cfg = json.loads((src / "config.json").read_text())
-        cfg["quantization_config"] = {"quant_method": "awq"}
+        cfg["quantization_config"] = {"already_quantized": {"quant_method": "awq"}, "null_quant_config": None,
+                                      "gptq_quant_config": {"quant_method": "gptq", "bits": 4}}[case]
         (src / "config.json").write_text(json.dumps(cfg))
     proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert expect in proc.stderr
+    if case.endswith("quant_config"):  # one line naming the field, no traceback
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     leftovers = sorted(p.name for p in (tmp_path / "out").iterdir()) if (tmp_path / "out").exists() else []
     assert leftovers == ([] if case != "exists" else ["dst"])
     if case == "exists":

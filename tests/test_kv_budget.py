@@ -14,8 +14,8 @@ SMOLLM2_BLOCK = 30 * 2 * 128 * 3 * 64 * 2
 def test_sized_from_max_model_len_times_max_num_seqs():
     b = plan_kv_cache_bytes(bytes_per_block=SMOLLM2_BLOCK, block_size=128, max_model_len=1000,
                             max_num_seqs=4, available_bytes=8 * GiB, max_fraction=0.5)
-    assert b.num_blocks == 8 * 4  # ceil(1000 / 128) = 8 blocks per sequence
-    assert b.bytes == 32 * SMOLLM2_BLOCK
+    assert b.num_blocks == 8 * 4 + 1  # ceil(1000 / 128) = 8 blocks per sequence, and the null block
+    assert b.bytes == 33 * SMOLLM2_BLOCK
     assert not b.capped
     assert "max_model_len=1000 x max_num_seqs=4" in b.reason
 
@@ -43,10 +43,25 @@ def test_budget_is_whole_blocks_within_the_cap(bpb, bs, mml, seqs, avail, frac):
         b = plan_kv_cache_bytes(bytes_per_block=bpb, block_size=bs, max_model_len=mml,
                                 max_num_seqs=seqs, available_bytes=avail, max_fraction=frac)
     except KvBudgetError:
-        assert int(avail * frac) < -(-mml // bs) * bpb
+        assert int(avail * frac) < (-(-mml // bs) + 1) * bpb
         return
     assert b.bytes == b.num_blocks * bpb
     assert b.bytes <= int(avail * frac)
-    assert b.num_blocks >= -(-mml // bs)
-    assert b.num_blocks <= -(-mml // bs) * seqs
-    assert b.capped == (b.num_blocks < -(-mml // bs) * seqs)
+    assert b.num_blocks >= -(-mml // bs) + 1
+    assert b.num_blocks <= -(-mml // bs) * seqs + 1
+    assert b.capped == (b.num_blocks < -(-mml // bs) * seqs + 1)
+
+
+@given(st.integers(1, 4096), st.sampled_from([16, 32, 64, 128]), st.integers(1, 64))
+def test_every_sequence_gets_its_blocks_from_vllms_own_block_pool(mml, bs, seqs):
+    """C14: vLLM's BlockPool, built with the planned block count, hands out max_num_seqs x
+    ceil(max_model_len / block_size) blocks at once (the null block taken first)."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    b = plan_kv_cache_bytes(bytes_per_block=1 << 10, block_size=bs, max_model_len=mml,
+                            max_num_seqs=seqs, available_bytes=1 << 40, max_fraction=0.5)
+    pool = BlockPool(num_gpu_blocks=(b.bytes // (1 << 10)), enable_caching=False, hash_block_size=bs)
+    per_seq = -(-mml // bs)
+    assert pool.get_num_free_blocks() == per_seq * seqs
+    blocks = pool.get_new_blocks(per_seq * seqs)
+    assert len(blocks) == per_seq * seqs and not any(blk.is_null for blk in blocks)

@@ -47,10 +47,10 @@ def test_apply_twice_changes_nothing_the_second_time():
         print(json.dumps({"first": first, "second": second,
                           "same": cpu.CpuPlatform.check_and_update_config.__func__ is fn}))
     """)
-    assert out["first"] == out["second"] == ["_patch_cpu_aot_compile_cache_load",
-                                             "_patch_cpu_explicit_kv_cache_memory",
-                                             "_patch_cpu_release_memory_after_load",
-                                             "_patch_cpu_small_machine_batch_defaults"]
+    assert out["first"] == out["second"] == sorted([
+        "_patch_cpu_aot_compile_cache_load", "_patch_cpu_explicit_kv_cache_memory",
+        "_patch_cpu_release_memory_after_load", "_patch_cpu_small_machine_batch_defaults",
+        "_patch_cpu_sampler_seeds", "_patch_cpu_pipeline_parallel_eager"])
     assert out["same"]
 
 
@@ -113,7 +113,9 @@ def test_switch_off_one_patch():
         print(json.dumps({"applied": apply_all()}))
     """, OMNI_PATCH_KV_CACHE_OFF="1")
     assert "_patch_cpu_explicit_kv_cache_memory" not in out["applied"]
-    assert len(out["applied"]) == 3
+    from omni_patches.patches import all_patches
+
+    assert len(out["applied"]) == len(all_patches()) - 1
 
 
 def test_switch_accepts_the_registry_spellings_and_rejects_others():

@@ -10,7 +10,8 @@ from conftest import clean_env
 
 OMNI_PATCHES = str(Path(sys.executable).with_name("omni-patches"))
 NAMES = {"_patch_cpu_aot_compile_cache_load", "_patch_cpu_explicit_kv_cache_memory",
-         "_patch_cpu_release_memory_after_load", "_patch_cpu_small_machine_batch_defaults"}
+         "_patch_cpu_release_memory_after_load", "_patch_cpu_small_machine_batch_defaults",
+         "_patch_cpu_sampler_seeds", "_patch_cpu_pipeline_parallel_eager"}
 
 
 def _status(*args, **env):
@@ -20,7 +21,7 @@ def _status(*args, **env):
 
 
 @pytest.mark.engine
-def test_status_worker_shows_all_four_applied_in_the_worker():
+def test_status_worker_shows_every_patch_applied_in_the_worker():
     rc, report, proc = _status("--worker")
     assert rc == 0, proc.stderr[-2000:]
     assert report["vllm"] == "0.28.0" and report["error"] is None

@@ -21,6 +21,15 @@ def _prompt(ids):
     return {"type": "token", "prompt_token_ids": ids}
 
 
+def _bad_words(token_ids):
+    """vLLM's own SamplingParams after its tokenizer turned ``bad_words`` into ``token_ids``."""
+    from vllm import SamplingParams
+
+    sp = SamplingParams(bad_words=["x"] * len(token_ids))
+    sp._bad_words_token_ids = token_ids
+    return sp
+
+
 @pytest.mark.parametrize("inputs, params, field, bad", [
     (_prompt([1, 49152]), _Params(), "prompt_token_ids", 49152),
     (_prompt([-1]), _Params(), "prompt_token_ids", -1),
@@ -29,6 +38,7 @@ def _prompt(ids):
     (_prompt([1]), _Params(logit_bias={5: 1.0, 60000: -1.0}), "logit_bias", 60000),
     ({"type": "enc_dec", "encoder_prompt": _prompt([99999]), "decoder_prompt": _prompt([1])}, _Params(),
      "prompt_token_ids", 99999),
+    (_prompt([1]), _bad_words([[5, 6], [70000]]), "bad_words", 70000),
 ])
 def test_the_first_bad_id_is_named_with_its_field_and_the_vocabulary(inputs, params, field, bad):
     with pytest.raises(TokenIdOutOfRange) as e:

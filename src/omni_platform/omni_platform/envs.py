@@ -94,6 +94,13 @@ SETTINGS: dict[str, Setting] = {
             "appends one JSON line (pid, parent pid, role, platform, extensions).",
         ),
         Setting(
+            "OMNI_ORPHAN_WATCHDOG",
+            _bool,
+            True,
+            "1: every process vLLM spawns (engine core, workers) exits within seconds when its "
+            "parent dies, SIGKILL included (omni_platform.lifeline); 0 leaves them to vLLM.",
+        ),
+        Setting(
             "OMNI_PATCH_AOT_CACHE_OFF",
             _bool,
             False,
@@ -116,6 +123,18 @@ SETTINGS: dict[str, Setting] = {
             _bool,
             False,
             "1 switches off omni-patches' _patch_cpu_small_machine_batch_defaults (when installed).",
+        ),
+        Setting(
+            "OMNI_PATCH_SAMPLER_SEEDS_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_sampler_seeds (when installed).",
+        ),
+        Setting(
+            "OMNI_PATCH_PIPELINE_PARALLEL_OFF",
+            _bool,
+            False,
+            "1 switches off omni-patches' _patch_cpu_pipeline_parallel_eager (when installed).",
         ),
         Setting(
             "OMNI_INT4_KERNEL",

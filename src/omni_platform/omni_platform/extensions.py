@@ -2,8 +2,9 @@
 
 omni-quant and omni-patches declare entry points in the group ``omni.extensions``;
 installing a distribution is the opt-in. :func:`activate` (called by the ``omni``
-general plugin in the front end, the engine core and every worker) first checks that
-the current vLLM platform is OmniPlatform, then calls each extension's hook once.
+general plugin in the front end, the engine core and every worker) starts the orphan
+watchdog in processes vLLM spawned (:mod:`omni_platform.lifeline`), checks that the current
+vLLM platform is OmniPlatform, then calls each extension's hook once.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def activate() -> dict[str, str]:
     global _activated
     if _activated:
         return active_extensions()
+    if envs.OMNI_ORPHAN_WATCHDOG:  # C13: engine core and workers exit with their parent
+        from omni_platform.lifeline import watch_parent
+
+        watch_parent()
     from omni_platform._plugin import PLATFORM_QUALNAME, platform_decline_reason
 
     platform = current_platform_qualname()

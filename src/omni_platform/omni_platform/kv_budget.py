@@ -6,14 +6,23 @@ node's available memory is lower; on a machine whose node reports less than the
 machine has, default start-up fails. When the user set neither
 ``kv_cache_memory_bytes`` nor ``VLLM_CPU_KVCACHE_SPACE``, OmniPlatform instead asks
 for what the scheduler can use: ``max_model_len`` x ``max_num_seqs`` tokens, rounded
-up to whole blocks, capped by a fraction of the available memory.
+up to whole blocks, plus the blocks vLLM keeps for itself, capped by a fraction of the
+available memory.
+
+vLLM's block pool takes block 0 as its null block (``BlockPool.__init__``,
+``vllm/v1/core/block_pool.py``, 0.28) before any request sees the pool: a budget of exactly
+``max_num_seqs`` x ``ceil(max_model_len / block_size)`` blocks leaves one sequence a block
+short, and a request that fits ``max_model_len`` stalls (C14, docs/cases.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KvBudget", "KvBudgetError", "plan_kv_cache_bytes"]
+__all__ = ["RESERVED_BLOCKS", "KvBudget", "KvBudgetError", "plan_kv_cache_bytes"]
+
+RESERVED_BLOCKS = 1
+"""Blocks vLLM 0.28's ``BlockPool`` keeps from every pool (the null block)."""
 
 
 class KvBudgetError(RuntimeError):
@@ -51,7 +60,8 @@ def plan_kv_cache_bytes(
 
     Returns:
         The budget; ``bytes == num_blocks * bytes_per_block`` exactly, so vLLM's
-        ``kv_cache_memory_bytes // page size`` gives back ``num_blocks``.
+        ``kv_cache_memory_bytes // page size`` gives back ``num_blocks``, of which
+        ``num_blocks - RESERVED_BLOCKS`` reach requests.
 
     Raises:
         KvBudgetError: the cap cannot hold the blocks of one ``max_model_len`` sequence.
@@ -66,13 +76,14 @@ def plan_kv_cache_bytes(
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     blocks_per_seq = -(-max_model_len // block_size)
-    wanted = blocks_per_seq * max_num_seqs
+    wanted = blocks_per_seq * max_num_seqs + RESERVED_BLOCKS
     cap_bytes = int(max(0, available_bytes) * max_fraction)
     cap_blocks = cap_bytes // bytes_per_block
-    if cap_blocks < blocks_per_seq:
+    if cap_blocks < blocks_per_seq + RESERVED_BLOCKS:
         raise KvBudgetError(
             f"one sequence of max_model_len={max_model_len} tokens needs "
-            f"{blocks_per_seq * bytes_per_block / 2**20:.1f} MiB of KV cache, but only "
+            f"{(blocks_per_seq + RESERVED_BLOCKS) * bytes_per_block / 2**20:.1f} MiB of KV cache "
+            f"(with vLLM's null block), but only "
             f"{cap_bytes / 2**20:.1f} MiB ({max_fraction:g} of {available_bytes / 2**20:.1f} MiB "
             "available) may be used. Lower max_model_len, free memory, or set "
             "kv_cache_memory_bytes explicitly."
@@ -88,7 +99,7 @@ def plan_kv_cache_bytes(
         )
     else:
         reason = (
-            f"max_model_len={max_model_len} x max_num_seqs={max_num_seqs} = {wanted} blocks "
-            f"of {block_size} tokens ({mib:.1f} MiB)"
+            f"max_model_len={max_model_len} x max_num_seqs={max_num_seqs} = {wanted - RESERVED_BLOCKS} "
+            f"blocks of {block_size} tokens + {RESERVED_BLOCKS} for vLLM's null block ({mib:.1f} MiB)"
         )
     return KvBudget(num_blocks, num_blocks * bytes_per_block, capped, reason)

@@ -40,7 +40,8 @@ def check_token_ids(processed_inputs: Any, params: Any, vocab_size: int) -> None
         processed_inputs: vLLM's ``EngineInput`` (a dict; ``enc_dec`` inputs hold an
             ``encoder_prompt`` and a ``decoder_prompt``), each with ``prompt_token_ids``.
         params: ``SamplingParams`` (``stop_token_ids``, ``allowed_token_ids``,
-            ``logit_bias`` keys are checked) or ``PoolingParams`` (prompt only).
+            ``logit_bias`` keys and the token ids of ``bad_words`` are checked) or
+            ``PoolingParams`` (prompt only).
         vocab_size: the model's vocabulary size (``ModelConfig.get_vocab_size()``).
     """
     prompts = [processed_inputs]
@@ -53,6 +54,8 @@ def check_token_ids(processed_inputs: Any, params: Any, vocab_size: int) -> None
         ("stop_token_ids", getattr(params, "stop_token_ids", None)),
         ("allowed_token_ids", getattr(params, "allowed_token_ids", None)),
         ("logit_bias", list((getattr(params, "logit_bias", None) or {}).keys())),
+        # bad_words arrive as strings; the ids vLLM tokenized them into, when it did already
+        ("bad_words", [i for word in (getattr(params, "_bad_words_token_ids", None) or ()) for i in word]),
     ]
     for name, ids in fields:
         bad = _first_bad(ids, vocab_size)

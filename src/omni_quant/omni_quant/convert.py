@@ -213,9 +213,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         archs = [archs]
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ConversionError(f"architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
-    if "quantization_config" in config:
-        raise ConversionError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
-                              "convert a bf16/fp16/fp32 checkpoint")
+    if "quantization_config" in config:  # C18: null, a non-dict, or another method: one line, exit 2
+        qc = config["quantization_config"]
+        method = qc.get("quant_method") if isinstance(qc, dict) else None
+        raise ConversionError(
+            f"{cfg_path}: quantization_config is {json.dumps(qc) if not isinstance(qc, dict) else 'present'}"
+            f" (quant_method {method!r}): {src} is already quantized or its config is damaged; "
+            "convert a bf16/fp16/fp32 checkpoint whose config.json has no quantization_config")
     names = _tensor_inventory(src, config)  # before anything is written
     tied = bool(config.get("tie_word_embeddings", False))
 

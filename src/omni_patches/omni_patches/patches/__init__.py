@@ -29,10 +29,12 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The four patches, in application order."""
+    """The six patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.kv_cache import PATCH as KV
+    from omni_patches.patches.pipeline_parallel import PATCH as PP
     from omni_patches.patches.release_memory import PATCH as RELEASE
+    from omni_patches.patches.sampler_seeds import PATCH as SEEDS
 
-    return [AOT, KV, RELEASE, BATCH]
+    return [AOT, KV, RELEASE, BATCH, SEEDS, PP]
