@@ -65,3 +65,56 @@ def test_every_sequence_gets_its_blocks_from_vllms_own_block_pool(mml, bs, seqs)
     assert pool.get_num_free_blocks() == per_seq * seqs
     blocks = pool.get_new_blocks(per_seq * seqs)
     assert len(blocks) == per_seq * seqs and not any(blk.is_null for blk in blocks)
+
+
+def _completion(port: int, model: str, prompt_ids: list[int], max_tokens: int) -> dict:
+    import json
+    import urllib.request
+
+    body = json.dumps({"model": model, "prompt": prompt_ids, "max_tokens": max_tokens, "ignore_eos": True,
+                       "temperature": 0.0}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read())
+
+
+def _preemptions(port: int) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    lines = [ln for ln in text.splitlines() if ln.startswith("vllm:num_preemptions_total")]
+    assert lines, "vLLM's /metrics has no vllm:num_preemptions_total"
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("seqs", [1, 2])
+def test_c14_requests_that_fit_max_model_len_finish_together_without_preemption(int4_model_dir, tmp_path, seqs):
+    """--max-num-seqs N --max-model-len 256: N requests of 12 prompt + 230 generated tokens at once
+    all finish, and vLLM counts no preemption (the budget holds vLLM's null block too)."""
+    import subprocess
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from conftest import clean_env
+    from harness.server_process import free_port, stop_group, wait_healthy
+
+    port, log = free_port(), tmp_path / "server.log"
+    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(int4_model_dir), "--enforce-eager",
+           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(seqs), "--max-model-len", "256"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=clean_env(VLLM_PLUGINS="omni"), stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}/health", 600, log)
+        prompts = [[100 + 7 * i + j for j in range(12)] for i in range(seqs)]
+        with ThreadPoolExecutor(seqs) as pool:
+            outs = list(pool.map(lambda p: _completion(port, str(int4_model_dir), p, 230), prompts))
+        assert [o["usage"]["completion_tokens"] for o in outs] == [230] * seqs
+        assert _preemptions(port) == 0
+    finally:
+        stop_group(proc)
+    assert f"max_num_seqs={seqs}" in log.read_text() and "null block" in log.read_text()
