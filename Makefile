@@ -84,9 +84,13 @@ bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model
 	$(PY) harness/bench_harness.py --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
 	$(PY) harness/results.py plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
-	$(PY) harness/bench_harness.py --spec harness/specs/user_size_llamacpp_amx.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,rss_anon_tree_mb --cores $(CORES) --timeout 1800 \
-	    --out harness/results/user_size_llamacpp_amx-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	# llama.cpp's AMX decode: only where the CPU has AMX (elsewhere the user_size arm already runs
+	# llama.cpp with its extra buffer types)
+	if grep -qw amx_int8 /proc/cpuinfo; then \
+	    $(PY) harness/bench_harness.py --spec harness/specs/user_size_llamacpp_amx.json --passes $(BENCH_PASSES) \
+	        --metric tg_tps,rss_anon_tree_mb --cores $(CORES) --timeout 1800 \
+	        --out harness/results/user_size_llamacpp_amx-$(shell date -u +%Y%m%dT%H%M%SZ).json; \
+	else echo "user_size_llamacpp_amx: skipped, this CPU has no AMX"; fi
 	$(PY) harness/bench_harness.py --spec harness/specs/prefill_int4_vs_bf16.json --passes $(BENCH_PASSES) \
 	    --metric pp_tps,tg_tps --cores $(CORES) --timeout 900 \
 	    --out harness/results/prefill_int4_vs_bf16-$(shell date -u +%Y%m%dT%H%M%SZ).json
