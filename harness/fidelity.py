@@ -43,7 +43,7 @@ def _engine(model: str, prompts: list[str], gen_len: int, sequences: list[list[i
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompt_ids],
                           SamplingParams(temperature=0.0, max_tokens=gen_len, ignore_eos=True), use_tqdm=False)
     gen = [list(o.outputs[0].token_ids) for o in greedy]
-    seqs = sequences or [p + g for p, g in zip(prompt_ids, gen)]
+    seqs = sequences or [p + g for p, g in zip(prompt_ids, gen, strict=False)]
     scored = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs],
                           SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=TOP), use_tqdm=False)
     dists = []
@@ -59,7 +59,8 @@ def _run_engine(model: str, gen_len: int, sequences: list[list[int]] | None) -> 
     prompts = json.loads(PROMPTS.read_text())["prompts"]
     with tempfile.TemporaryDirectory() as tmp:
         args_path, out = Path(tmp) / "args.json", Path(tmp) / "out.json"
-        args_path.write_text(json.dumps({"model": model, "prompts": prompts, "gen_len": gen_len, "sequences": sequences}))
+        args_path.write_text(json.dumps({"model": model, "prompts": prompts, "gen_len": gen_len,
+                                         "sequences": sequences}))
         env = {**os.environ, "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS", "omni")}
         proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "_engine", str(args_path), str(out)],
                               env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
@@ -73,7 +74,7 @@ def compare(ref: dict, test: dict) -> dict:
     agree = total = 0
     kls: list[float] = []
     for seq, p_rows, q_rows, n_prompt in zip(ref["sequences"], ref["dists"], test["dists"],
-                                              (len(p) for p in ref["prompt_ids"])):
+                                              (len(p) for p in ref["prompt_ids"]), strict=False):
         # row i predicts token i+1; continuation positions predict tokens n_prompt .. end
         for i in range(n_prompt - 1, len(seq) - 1):
             p, q = p_rows[i], q_rows[i]
@@ -88,7 +89,7 @@ def compare(ref: dict, test: dict) -> dict:
                 pn = lp - zp
                 kl += math.exp(pn) * (pn - q.get(t, floor))
             kls.append(max(kl, 0.0))
-    exact = sum(a == b for a, b in zip(ref["generated"], test["generated"]))
+    exact = sum(a == b for a, b in zip(ref["generated"], test["generated"], strict=False))
     return {
         "top1_agreement": agree / total if total else float("nan"),
         "positions": total,

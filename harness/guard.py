@@ -42,7 +42,8 @@ class AffinityCheck:
         allowed = os.sched_getaffinity(0)
         missing = [c for c in cores if c not in allowed]
         if missing:
-            return [Finding(self.name, "error", f"cores {missing} are not in this process's affinity {sorted(allowed)}")]
+            return [Finding(self.name, "error",
+                            f"cores {missing} are not in this process's affinity {sorted(allowed)}")]
         return []
 
 
@@ -71,11 +72,14 @@ class CoreIdleCheck:
         findings = []
         busy = {c: u for c, u in util.items() if u > self.max_core_pct}
         if busy:
-            findings.append(Finding(self.name, "error", f"busy cores (percent, min of two {self.window_s:g} s windows): {busy} > {self.max_core_pct:g}%"))
+            findings.append(Finding(self.name, "error", f"busy cores (percent, min of two {self.window_s:g} s "
+                                                        f"windows): {busy} > {self.max_core_pct:g}%"))
         if mean > self.max_mean_pct:
-            findings.append(Finding(self.name, "error", f"mean utilisation of cores {cores} is {mean:.1f}% > {self.max_mean_pct:g}%"))
+            findings.append(Finding(self.name, "error",
+                                    f"mean utilisation of cores {cores} is {mean:.1f}% > {self.max_mean_pct:g}%"))
         if not findings:
-            findings.append(Finding(self.name, "advice", f"cores {cores} idle: {{{', '.join(f'{c}: {u:.1f}%' for c, u in util.items())}}}"))
+            idle = ", ".join(f"{c}: {u:.1f}%" for c, u in util.items())
+            findings.append(Finding(self.name, "advice", f"cores {cores} idle: {{{idle}}}"))
         return findings
 
 

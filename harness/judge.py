@@ -83,7 +83,7 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
         )
     # Extend the order only while each next pair is separable too; the rest is not ranked.
     cut = len(ranked)
-    for i, (a, b) in enumerate(zip(ranked, ranked[1:])):
+    for i, (a, b) in enumerate(zip(ranked, ranked[1:], strict=False)):
         g, n = _gap(a, b, metric)
         if g <= n:
             cut = i  # a and b (and everything after) are one group, unranked

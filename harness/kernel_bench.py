@@ -51,7 +51,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -142,9 +142,9 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
     import torch
     import torch.nn.functional as F
 
+    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
     from omni_quant import native
     from omni_quant.quant_math import quantize
-    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 
     gen = torch.Generator().manual_seed(n * 7 + k)
     w = torch.randn(n, k, generator=gen) * 0.02
@@ -247,7 +247,8 @@ def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...]
     at = {(r["model"], r["layer"], r["m"], r["kernel"]): r for r in res}
     out = [f"read ceiling {artifact['read_bandwidth_gbps']:.1f} GB/s (highest of "
            f"{len(artifact.get('read_bandwidth_samples_gbps', [1]))} samples, {artifact['threads']} threads); "
-           f"{artifact['cpu'].get('cpu_model', '?')}, cpu flags: {', '.join(artifact['cpu'].get('cpu_flags', [])) or '?'}"]
+           f"{artifact['cpu'].get('cpu_model', '?')}, "
+           f"cpu flags: {', '.join(artifact['cpu'].get('cpu_flags', [])) or '?'}"]
     for m in rows:
         out += ["", f"| model | layer (M={m}) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
         for model, layer in layers:
@@ -257,7 +258,8 @@ def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...]
     for m in ms_rows:
         out += ["", f"| model | layer (M={m}, ms) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
         for model, layer in layers:
-            cells = [f"{at[model, layer, m, k]['us'] / 1e3:.2f}" if (model, layer, m, k) in at else "-" for k in kernels]
+            cells = [f"{at[model, layer, m, k]['us'] / 1e3:.2f}" if (model, layer, m, k) in at else "-"
+                     for k in kernels]
             out.append(f"| {model} | {layer} | " + " | ".join(cells) + " |")
     for f in artifact.get("failed", []):
         out.append(f"\nnot timed: {f['kernel']} on {f['model']} {f['layer']}: {f['reason']}")
@@ -310,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                 n_copies = copies if m <= MEMORY_BOUND_ROWS else 1
                 cursor = 0  # the omni_w4a8_<isa> entries share one set of copies: never reread a warm one
                 for name, (fn, nbytes) in kernels.items():
-                    us = _median_us(lambda i, fn=fn: fn(x, i % n_copies), args.repeats, n_copies, cursor)
+                    us = _median_us(lambda i, fn=fn, x=x, nc=n_copies: fn(x, i % nc), args.repeats, n_copies, cursor)
                     if name.startswith("omni_w4a8_"):
                         cursor += args.repeats + 1
                     gbps = nbytes / (us * 1e-6) / GB
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         row["pct_ceiling"] = 100 * row["gbps"] / ceiling
     artifact = {
         "kind": "kernel_matrix",
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "threads": args.threads,
         "read_bandwidth_gbps": ceiling,
         "read_bandwidth_samples_gbps": samples,
@@ -336,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed": failed,
     }
     out = args.out or Path(__file__).resolve().parent / "results" / (
-        "kernel_matrix-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ".json")
+        "kernel_matrix-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(artifact, indent=1))
     print(f"artifact: {out}")

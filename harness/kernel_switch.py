@@ -60,12 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         sz = torch.stack([s.T, z.T], -1).contiguous()
         nib = pack(q)
         reps = 5 if n > 10000 else 15
-        t_deq = _time(lambda: dequantize(unpack(nib), s, z), max(3, reps // 3))
+        t_deq = _time(lambda nib=nib, s=s, z=z: dequantize(unpack(nib), s, z), max(3, reps // 3))
         table = []
         for m in rows:
             x = torch.randn(m, k, dtype=torch.bfloat16)
-            t4 = _time(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, args.group_size, sz), reps)
-            tb = _time(lambda: F.linear(x, w), reps)
+            t4 = _time(lambda x=x, packed=packed, sz=sz: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, packed, args.group_size, sz), reps)
+            tb = _time(lambda x=x, w=w: F.linear(x, w), reps)
             table.append({"m": m, "int4_us": t4, "bf16_us": tb, "dequant_bf16_us": t_deq + tb})
             print(f"{n:6d}x{k:<5d} M={m:4d}  int4 {t4:10.1f}  dequant+bf16 {t_deq + tb:10.1f}  bf16 {tb:10.1f} us",
                   flush=True)

@@ -67,7 +67,8 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
     out: list[ProcessMemory] = []
     for p in procs:
         try:
-            out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid), _status_kb(p.pid, "VmRSS")))
+            out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid),
+                                     _status_kb(p.pid, "VmRSS")))
         except (psutil.Error, OSError, KeyError):
             continue
     return out

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {w['pid']}: RssAnon {w['rss_anon'] / MiB:.1f} MiB, tensors resident "
               f"{w['tensor_resident'] / MiB:.1f} MiB, unexplained {w['unexplained'] / MiB:.1f} MiB")
         for g, v in sorted(w["groups"].items(), key=lambda kv: -kv[1]["bytes"]):
-            print(f"  {g:20s} {v['bytes'] / MiB:9.1f} MiB  resident {v['resident'] / MiB:9.1f} MiB  ({v['storages']} storages)")
+            print(f"  {g:20s} {v['bytes'] / MiB:9.1f} MiB  resident {v['resident'] / MiB:9.1f} MiB  "
+                  f"({v['storages']} storages)")
         for e in w["largest"][:5]:
             print(f"  largest: {e['names'][0]} {e['bytes'] / MiB:.1f} MiB {e['dtype']}")
         print(json.dumps(w), flush=True)

@@ -113,7 +113,8 @@ def collect_cpu(cores: list[int]) -> dict[str, Any]:
                 if line.startswith("model name") and model == "?":
                     model = line.split(":", 1)[1].strip()
                 elif line.startswith("flags") and not flags:
-                    flags = sorted(x for x in line.split(":", 1)[1].split() if x.startswith(("avx512", "amx", "avx2", "avx_vnni")))
+                    flags = sorted(x for x in line.split(":", 1)[1].split()
+                                   if x.startswith(("avx512", "amx", "avx2", "avx_vnni")))
     except OSError:
         pass
     return {"cpu_model": model, "cpu_flags": flags, "cores": cores, "affinity": sorted(os.sched_getaffinity(0))}

@@ -169,7 +169,7 @@ def plot(path: Path, out: Path | None = None) -> Path:
         raise ValueError(f"{path} has no good pass to plot (every pass failed or reported nothing); "
                          f"see its runs[].reason")
     fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    for ax, name in zip(axes[0], names, strict=False):
         m = get_metric(name)
         rows = [r for r in data["summary"][name] if r["median"] is not None]
         tags = [r["tag"] for r in rows]

@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--inductor-cpp-wrapper", action="store_true",
-                    help="compiled mode: inductor's C++ wrapper (compilation_config.inductor_compile_config.cpp_wrapper)")
+                    help="compiled mode: inductor's C++ wrapper "
+                         "(compilation_config.inductor_compile_config.cpp_wrapper)")
     ap.add_argument("--server", action="store_true",
                     help="measure `omni-vllm serve` from an HTTP client instead of vllm.LLM in this process")
     ap.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for /health")

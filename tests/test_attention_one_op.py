@@ -1,6 +1,7 @@
 """OMNI_CPU_ATTN_ONE_OP=1: vLLM's CPU attention with the KV write inside; same greedy tokens, eager and compiled."""
 
 import pytest
+
 from conftest import clean_env, run_engine
 
 pytestmark = pytest.mark.engine

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_env, needs_default_layout
 
 pytestmark = pytest.mark.engine

@@ -110,7 +110,8 @@ def test_c08_k_no_group_divides_is_refused_at_conversion(tmp_path):
 def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     src = tmp_path / "src"
     dst = tmp_path / "out" / "dst"
-    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing", "bad_json": "not a readable JSON file",
+    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing",
+              "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
               "arch": "not supported", "exists": "exists", "already_quantized": "already quantized",
@@ -132,7 +133,8 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     elif case == "int_dtype":
         (src / "model.safetensors").unlink()
         shutil_src = tmp_path / "tmp2"
-        write_checkpoint(shutil_src, extra={"model.layers.0.mlp.gate_proj.weight": torch.ones(256, 128, dtype=torch.int32)})
+        write_checkpoint(shutil_src,
+                         extra={"model.layers.0.mlp.gate_proj.weight": torch.ones(256, 128, dtype=torch.int32)})
         (shutil_src / "model.safetensors").rename(src / "model.safetensors")
     elif case == "arch":
         cfg = json.loads((src / "config.json").read_text())
@@ -176,7 +178,8 @@ def test_more_bad_inputs(tmp_path, case):
         (src / "model.safetensors.index.json").write_text(
             json.dumps({"weight_map": {"x": str(Path("..") / other.name / "model.safetensors")}}))
         expect = "points outside the checkpoint"
-    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst), *args], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst), *args], capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
     assert not dst.exists()
 

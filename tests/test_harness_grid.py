@@ -33,8 +33,9 @@ def _bench(tmp_path, arms, *extra, passes=3, metric="tokens_per_s", **spec_extra
 
 def test_rotation_failures_caches_and_provenance(tmp_path):
     log = tmp_path / "order.log"
-    record = ("import json, os, sys; open(%r, 'a').write(os.environ['TAG'] + ' ' + os.environ['VLLM_CACHE_ROOT'] + '\\n');"
-              " print(json.dumps({'tokens_per_s': float(os.environ['V'])}))") % str(log)
+    record = (f"import json, os, sys; open({str(log)!r}, 'a')"
+              ".write(os.environ['TAG'] + ' ' + os.environ['VLLM_CACHE_ROOT'] + '\\n');"
+              " print(json.dumps({'tokens_per_s': float(os.environ['V'])}))")
     arms = [
         _arm("a", record, {"TAG": "a", "V": "100"}),
         _arm("b", record, {"TAG": "b", "V": "50"}),
@@ -66,7 +67,8 @@ def test_shared_cache_on_purpose(tmp_path):
 
 def test_c10_timeout_kills_the_whole_group_and_the_grid_goes_on(tmp_path):
     pidfile = tmp_path / "child.pid"
-    hang = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+    hang = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
             f" open({str(pidfile)!r}, 'w').write(str(c.pid)); sys.stderr.write('hanging now\\n'); sys.stderr.flush();"
             " time.sleep(600)")
     ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
@@ -245,9 +247,9 @@ def test_code_changed_during_a_run_is_labelled(tmp_path, case):
     if case == "untracked_edit":
         target = repo / "harness" / "scratch_mod.py"
         target.write_text("x = 1\n")  # untracked before the run
-    write = ("import json, os; open(%r, 'a').write('# edited\\n');"
+    write = (f"import json, os; open({str(target)!r}, 'a').write('# edited\\n');"
              " os.makedirs(os.environ['VLLM_CACHE_ROOT'], exist_ok=True);"
-             " print(json.dumps({'tokens_per_s': 1.0}))") % str(target)
+             " print(json.dumps({'tokens_per_s': 1.0}))")
     quiet = ("import json, os; os.makedirs(os.environ['VLLM_CACHE_ROOT'], exist_ok=True);"
              " print(json.dumps({'tokens_per_s': 1.0}))")
     spec = tmp_path / "spec.json"

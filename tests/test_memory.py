@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-import time
 
 from harness.memory import rss_anon_bytes, tree_memory
 
@@ -33,7 +32,8 @@ def test_rss_anon_ignores_mmapped_file_pages_that_vmrss_counts(tmp_path):
 def test_tree_sums_children(tmp_path):
     code = (
         "import subprocess, sys, time\n"
-        "c = subprocess.Popen([sys.executable, '-c', 'x = bytearray(48 << 20); import time; print(1, flush=True); time.sleep(60)'],"
+        "c = subprocess.Popen([sys.executable, '-c',"
+        " 'x = bytearray(48 << 20); import time; print(1, flush=True); time.sleep(60)'],"
         " stdout=subprocess.PIPE)\n"
         "c.stdout.readline(); print('ready', flush=True); time.sleep(60)\n"
     )

@@ -111,7 +111,8 @@ def test_a_truncated_part_is_refused_by_name(tmp_path, monkeypatch):
     spec, root, _ = _fake_parts(tmp_path, monkeypatch)
     part = root / "omnifakepart2" / "data" / "part02.bin"
     part.write_bytes(part.read_bytes()[:50])
-    with pytest.raises(ModelError, match=r"part 2 of 3 .* is 50 bytes, expected 64 .*--force-reinstall omni-fake-part2==0.2.0"):
+    with pytest.raises(ModelError,
+                       match=r"part 2 of 3 .* is 50 bytes, expected 64 .*--force-reinstall omni-fake-part2==0.2.0"):
         models.assemble_parts(spec, tmp_path / "cache" / spec.gguf_file)
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 

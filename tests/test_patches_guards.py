@@ -97,7 +97,8 @@ def test_missing_target_is_refused():
     out = _run("""
         from omni_patches import apply_all, PatchRefused
         from omni_patches.patches import Patch
-        p = Patch("x", {"vllm.platforms.cpu:CpuPlatform.no_such_method": "0" * 64}, lambda f: [f], "OMNI_PATCH_KV_CACHE_OFF", "")
+        p = Patch("x", {"vllm.platforms.cpu:CpuPlatform.no_such_method": "0" * 64}, lambda f: [f],
+                  "OMNI_PATCH_KV_CACHE_OFF", "")
         try:
             apply_all([p]); msg = None
         except PatchRefused as e:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import clean_env
 
 OMNI_PATCHES = str(Path(sys.executable).with_name("omni-patches"))

@@ -1,11 +1,13 @@
-"""The real model in the real process layouts: omni's default (one process) and vLLM's (front end, engine core, worker)."""
+"""The real model in the real process layouts: omni's default (one process) and vLLM's (front end, engine core,
+worker)."""
 
 import json
 import re
 
 import pytest
-from omni_platform import PLATFORM_QUALNAME as OMNI
+
 from conftest import clean_env, needs_default_layout, run_engine
+from omni_platform import PLATFORM_QUALNAME as OMNI
 
 pytestmark = pytest.mark.engine
 

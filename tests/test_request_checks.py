@@ -5,8 +5,8 @@ import sys
 import textwrap
 
 import pytest
-from conftest import REPO, clean_env
 
+from conftest import REPO, clean_env
 from omni_platform.request_checks import TokenIdOutOfRange, check_token_ids
 
 

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+
 from conftest import REPO, clean_env
 
 SAMPLER = textwrap.dedent("""

@@ -3,6 +3,7 @@
 import os
 
 import pytest
+
 from conftest import clean_env, run_engine
 
 pytestmark = pytest.mark.engine

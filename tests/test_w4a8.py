@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_quant.quant_math import quantize, reference_linear, sqnr_db
 from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+from omni_quant.quant_math import quantize, reference_linear, sqnr_db
 
 pytestmark = pytest.mark.skipif(not w4a8_available(), reason="this vLLM build ships no _C.int4_scaled_mm_cpu")
 

@@ -24,7 +24,8 @@ if os.environ.get("OMNI_QUANT_NO_KERNEL") != "1":
             "omni_quant._w4a8", [os.path.join("csrc", s) for s in sources],
             # -fopenmp: at::parallel_for is an inline OpenMP loop; the libgomp it needs is the one
             # torch already loaded (same soname), so kernels share torch's thread pool.
-            extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],  # no FMA contraction: dequantize stays bit-equal to torch's
+            # -ffp-contract=off: no FMA contraction, so dequantize stays bit-equal to torch's
+            extra_compile_args=["-O3", "-std=c++17", "-fopenmp", "-ffp-contract=off"],
             extra_link_args=["-fopenmp"],
             optional=True,  # a compiler error leaves the pure-torch path, not a failed install
         )]

@@ -1,5 +1,7 @@
 """omni-patches: opt-in fixes for vLLM 0.28 CPU bugs, refused loudly when upstream changes."""
 
+from importlib import metadata as _metadata
+
 __all__ = [
     "PatchRefused",
     "__version__",
@@ -12,4 +14,4 @@ from omni_patches._registry import applied_patches
 from omni_patches.apply import apply_all, status
 from omni_patches.guards import PatchRefused
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("omni-patches")  # the one version source: pyproject.toml

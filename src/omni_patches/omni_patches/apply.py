@@ -85,7 +85,7 @@ def apply_all(patches: list[Patch] | None = None, vllm_version: str | None = Non
             mark_applied(patch.name)
             continue
         replacements = patch.make(*[value for _, _, value, _ in resolved])
-        for (owner, attr, _, _), new in zip(resolved, replacements):
+        for (owner, attr, _, _), new in zip(resolved, replacements, strict=False):
             setattr(owner, attr, new)
         mark_applied(patch.name)
         logger.info("omni-patches: applied %s", patch.name)

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"vLLM {installed_vllm_version()}" + (f"  REFUSED: {error}" if error else ""))
         for r in rows:
-            w = "" if r["applied_in_worker"] is None else f"  worker: {'applied' if r['applied_in_worker'] else 'NOT applied'}"
+            in_worker = "applied" if r["applied_in_worker"] else "NOT applied"
+            w = "" if r["applied_in_worker"] is None else f"  worker: {in_worker}"
             print(f"  {r['name']:40s} found={r['targets_found']} fingerprint={r['fingerprints_match']} "
                   f"on={r['enabled']} applied={r['applied']}{w}" + (f"  ({r['detail']})" if r["detail"] else ""))
     return 1 if bad else 0

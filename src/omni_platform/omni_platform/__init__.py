@@ -4,6 +4,8 @@ Importing this package imports nothing of vLLM; vLLM reaches the plugin through 
 entry points declared in ``pyproject.toml`` (see :mod:`omni_platform._plugin`).
 """
 
+from importlib import metadata as _metadata
+
 __all__ = [
     "EXTENSION_GROUP",
     "PLATFORM_QUALNAME",
@@ -13,4 +15,4 @@ __all__ = [
 from omni_platform._plugin import PLATFORM_QUALNAME
 from omni_platform.extensions import EXTENSION_GROUP
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("omni-platform")  # the one version source: pyproject.toml

@@ -37,8 +37,8 @@ from omni_platform.layout import plan_layout, small_machine_batch_defaults
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.config.kernel import IrOpPriorityConfig
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 __all__ = ["OmniPlatform"]
 
@@ -137,7 +137,8 @@ class OmniPlatform(CpuPlatform):
     def _configure_process_layout(cls, vllm_config: VllmConfig) -> bool:
         """Run the worker inside the engine core where :func:`plan_layout` says so; True if it does."""
         parallel = vllm_config.parallel_config
-        user_mp = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") if _user_set("VLLM_ENABLE_V1_MULTIPROCESSING") else None
+        user_mp = (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+                   if _user_set("VLLM_ENABLE_V1_MULTIPROCESSING") else None)
         plan = plan_layout(
             world_size=parallel.world_size,
             data_parallel_size=parallel.data_parallel_size,
@@ -266,7 +267,8 @@ class OmniPlatform(CpuPlatform):
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
         if envs.OMNI_CPU_ATTN_ONE_OP and path == AttentionBackendEnum.CPU_ATTN.get_path():
-            logger.info_once("omni: attention backend OmniCpuAttentionBackend, one op per layer (OMNI_CPU_ATTN_ONE_OP=1)")
+            logger.info_once("omni: attention backend OmniCpuAttentionBackend, one op per layer "
+                             "(OMNI_CPU_ATTN_ONE_OP=1)")
             return "omni_platform.attention.OmniCpuAttentionBackend"
         return path
 

@@ -1,5 +1,7 @@
 """omni-quant: weight-only 4-bit quantization (``cpu_int4``) for vLLM on CPU."""
 
+from importlib import metadata as _metadata
+
 __all__ = ["__version__"]
 
-__version__ = "0.1.0"
+__version__ = _metadata.version("omni-quant")  # the one version source: pyproject.toml

@@ -15,9 +15,8 @@ torch's CPU int4 layout; the on-disk tensors are then dropped, so one layout sta
 
 from __future__ import annotations
 
-from typing import Any
-
 import logging
+from typing import Any
 
 import torch
 from vllm.model_executor.layers.linear import (
@@ -117,7 +116,8 @@ class CpuInt4Config(QuantizationConfig):
         )
 
     def _skipped(self, prefix: str) -> bool:
-        return any(prefix == m or prefix.endswith("." + m) or prefix.startswith(m + ".") for m in self.modules_to_not_convert)
+        return any(prefix == m or prefix.endswith("." + m) or prefix.startswith(m + ".")
+                   for m in self.modules_to_not_convert)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, ParallelLMHead):

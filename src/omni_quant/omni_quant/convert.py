@@ -275,8 +275,9 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             writer.add(f"{module}.zeros", z)
             per_module[module] = g
             out_bytes = q.numel() // 2 + s.numel() * 2 + z.numel() * 2
-            reports.append(TensorReport(source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}",
-                                        list(w.shape), "quantized", g, round(db, 2), w.numel() * w.element_size(), out_bytes))
+            label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
+            reports.append(TensorReport(label, list(w.shape), "quantized", g, round(db, 2),
+                                        w.numel() * w.element_size(), out_bytes))
 
         for name, path in sorted(names.items()):
             with safe_open(str(path), framework="pt") as f:

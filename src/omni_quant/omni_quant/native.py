@@ -16,9 +16,9 @@ where ``xq`` are the activations quantized to int8 per (row, group) with scale `
 activations: the float zero points are kept exact inside the kernel, no correction GEMM.
 The integer dot products are ``vpdpbusd`` (AVX-512 VNNI, or AVX-VNNI on AVX2 CPUs) or
 ``vpmaddubsw`` with int16 sums of 4 chunks widened by one ``vpmaddwd`` (AVX2), chosen at run time
-from the CPU's flags; a plain C++ kernel covers the rest. Weight layout (:func:`repack`): uint8 ``[N/16, K/8, 16, 4]``, each byte the codes
-of input channels ``8c+i`` (low nibble) and ``8c+4+i`` (high nibble) for one of 16 output
-channels, so one 64-byte load feeds two ``vpdpbusd`` per row; scales and zeros bf16
+from the CPU's flags; a plain C++ kernel covers the rest. Weight layout (:func:`repack`): uint8
+``[N/16, K/8, 16, 4]``, each byte the codes of input channels ``8c+i`` (low nibble) and ``8c+4+i``
+(high nibble) for one of 16 output channels, so one 64-byte load feeds two ``vpdpbusd`` per row; scales and zeros bf16
 ``[N/16, K/group_size, 2, 16]`` next to each other: as many bytes as the checkpoint holds.
 """
 

@@ -15,9 +15,8 @@ import ctypes
 import functools
 import logging
 
-from omni_platform.probe import rss_anon as _rss_anon
-
 from omni_patches.patches import MARKER, Patch
+from omni_platform.probe import rss_anon as _rss_anon
 
 __all__ = ["PATCH", "release_free_memory"]
 

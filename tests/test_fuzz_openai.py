@@ -1,0 +1,119 @@
+"""No request a client can send takes the server down: a bounded hypothesis fuzz of the OpenAI
+endpoints (schema-shaped bodies with hostile values, loopback only), then /health is 200 and a
+normal request returns the same text as before the fuzz (C12 generalised)."""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import clean_env
+from harness.server_process import free_port, stop_group, wait_healthy
+
+pytestmark = pytest.mark.engine
+
+FUZZ_REQUESTS = 300
+VOCAB = 49152  # SmolLM2
+
+ints = st.one_of(st.integers(-3, 12), st.sampled_from([VOCAB - 1, VOCAB, 10**6, 2**31, -(2**31), 2**63 - 1]))
+token_ids = st.one_of(st.integers(0, VOCAB - 1), ints)
+floats = st.one_of(st.floats(-3, 3), st.sampled_from([0.0, 1e-9, 1e9, float("inf"), float("-inf"), float("nan")]))
+text = st.text(max_size=40)
+junk = st.one_of(st.none(), st.booleans(), ints, floats, text, st.lists(ints, max_size=3),
+                 st.dictionaries(text, ints, max_size=2))
+
+SAMPLING = {
+    "max_tokens": st.one_of(st.integers(-2, 6), st.sampled_from([10**9]), junk),
+    "temperature": st.one_of(floats, junk), "top_p": st.one_of(floats, junk), "top_k": st.one_of(ints, junk),
+    "min_p": floats, "seed": st.one_of(ints, junk), "n": st.one_of(st.integers(-1, 3), junk),
+    "stop": st.one_of(text, st.lists(text, max_size=3), junk),
+    "stop_token_ids": st.one_of(st.lists(token_ids, max_size=4), junk),
+    "min_tokens": st.one_of(st.integers(-1, 4), junk), "logprobs": st.one_of(st.integers(-1, 25), st.booleans(), junk),
+    "logit_bias": st.one_of(st.dictionaries(st.one_of(token_ids.map(str), text), floats, max_size=3), junk),
+    "allowed_token_ids": st.one_of(st.lists(token_ids, max_size=4), junk),
+    "bad_words": st.one_of(st.lists(text, max_size=3), junk),
+    "presence_penalty": floats, "frequency_penalty": floats, "repetition_penalty": floats,
+    "ignore_eos": st.booleans(), "stream": st.booleans(), "echo": st.booleans(),
+    "prompt_logprobs": st.one_of(st.integers(-1, 5), junk),
+}
+COMPLETION = st.fixed_dictionaries(
+    {"prompt": st.one_of(text, st.lists(token_ids, max_size=12), st.lists(text, max_size=2),
+                         st.lists(st.lists(token_ids, max_size=4), max_size=2), junk)},
+    optional={"model": st.one_of(st.just("MODEL"), text), **SAMPLING})
+MESSAGE = st.fixed_dictionaries({"role": st.one_of(st.sampled_from(["user", "system", "assistant", "tool"]), text),
+                                 "content": st.one_of(text, junk)})
+CHAT = st.fixed_dictionaries(
+    {"messages": st.one_of(st.lists(MESSAGE, min_size=1, max_size=3), junk)},
+    optional={"model": st.one_of(st.just("MODEL"), text), "max_completion_tokens": st.integers(-1, 6),
+              "tools": junk, "response_format": junk, **SAMPLING})
+REQUEST = st.one_of(st.tuples(st.just("/v1/completions"), COMPLETION), st.tuples(st.just("/v1/chat/completions"), CHAT),
+                    st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize"]), junk))
+
+
+def _post(port: int, path: str, body, timeout: float = 120) -> tuple[int, str]:
+    data = json.dumps(body, allow_nan=True).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def server(int4_model_dir, tmp_path_factory):
+    port, log = free_port(), tmp_path_factory.mktemp("fuzz") / "server.log"
+    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(int4_model_dir), "--enforce-eager",
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "128", "--max-num-seqs", "4",
+           "--served-model-name", "MODEL"]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, env=clean_env(VLLM_PLUGINS="omni"), stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}/health", 600, log)
+        yield port, proc, log
+    finally:
+        stop_group(proc)
+
+
+def _normal(port: int) -> str:
+    status, body = _post(port, "/v1/completions", {"model": "MODEL", "prompt": "Once upon a time", "max_tokens": 16,
+                                                   "temperature": 0.0})
+    assert status == 200, body
+    return json.loads(body)["choices"][0]["text"]
+
+
+def test_fuzzed_requests_leave_the_server_serving_the_same_text(server):
+    port, proc, log = server
+    before = _normal(port)
+    seen: collections.Counter = collections.Counter()
+    server_errors: list[tuple[str, object, str]] = []
+
+    @settings(max_examples=FUZZ_REQUESTS, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(REQUEST)
+    def one(request):
+        path, body = request
+        status, reply = _post(port, path, body)
+        seen[status] += 1
+        if status >= 500:
+            server_errors.append((path, body, reply[:300]))
+        assert proc.poll() is None, f"the server died on {path} {body!r}"
+
+    one()
+    assert sum(seen.values()) == FUZZ_REQUESTS
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+        assert r.status == 200
+    assert _normal(port) == before
+    print(f"fuzz: {FUZZ_REQUESTS} requests, status codes {dict(sorted(seen.items()))}")
+    assert not server_errors, f"{len(server_errors)} answers >= 500, first: {server_errors[:3]}"
