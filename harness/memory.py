@@ -12,7 +12,13 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-__all__ = ["ProcessMemory", "rss_anon_bytes", "tree_memory"]
+from omni_platform.procfs import status_bytes
+
+__all__ = ["MemoryReadError", "ProcessMemory", "rss_anon_bytes", "tree_memory"]
+
+
+class MemoryReadError(RuntimeError):
+    """A live process of the measured tree could not be read: the measurement has no value."""
 
 
 @dataclass(frozen=True)
@@ -29,17 +35,14 @@ class ProcessMemory:
         return asdict(self)
 
 
-def _status_kb(pid: int, key: str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(f"{key} not in /proc/{pid}/status")
-
-
 def rss_anon_bytes(pid: int) -> int:
-    """RssAnon of ``pid`` in bytes (from ``/proc/PID/status``)."""
-    return _status_kb(pid, "RssAnon")
+    """RssAnon of ``pid`` in bytes (from ``/proc/PID/status``).
+
+    Raises:
+        omni_platform.procfs.ProcFieldMissing: no RssAnon line (never read as 0).
+        OSError: the process is gone or not readable.
+    """
+    return status_bytes("RssAnon", pid)
 
 
 def _role(p: psutil.Process, root_pid: int) -> str:
@@ -58,7 +61,15 @@ def _role(p: psutil.Process, root_pid: int) -> str:
 
 
 def tree_memory(root_pid: int) -> list[ProcessMemory]:
-    """RssAnon and VmRSS of ``root_pid`` and all its descendants (processes that vanish are skipped)."""
+    """RssAnon and VmRSS of ``root_pid`` and all its descendants.
+
+    A process that exits between the listing and the read is left out (it holds no memory any
+    more); one that is there but cannot be read is an error, not a smaller sum.
+
+    Raises:
+        MemoryReadError: a process of the tree is alive and its ``/proc/PID/status`` unreadable
+            or without the fields (the message names the pid).
+    """
     try:
         root = psutil.Process(root_pid)
         procs = [root, *root.children(recursive=True)]
@@ -68,7 +79,10 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
     for p in procs:
         try:
             out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid),
-                                     _status_kb(p.pid, "VmRSS")))
-        except (psutil.Error, OSError, KeyError):
-            continue
+                                     status_bytes("VmRSS", p.pid)))
+        except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+            continue  # gone
+        except (psutil.Error, OSError, KeyError) as exc:
+            raise MemoryReadError(f"process {p.pid} of the tree of {root_pid} cannot be measured: "
+                                  f"{type(exc).__name__}: {exc}") from exc
     return out

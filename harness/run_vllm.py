@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     workers = llm.collective_rpc(worker_report)
     w0 = workers[0]
+    quant = w0["extension_reports"].get("quant", {})
     size, sha = checkpoint_fingerprint(model)
     metrics = {
         "pp_tps": args.prompt_len / pp_s,
@@ -164,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
             "model_bytes": size,
             "model_sha256": sha,
             "quantization": args.quantization or _checkpoint_quant_method(model),
-            "head_dtype": w0.get("head_dtype"),
+            # cpu_int4 replaces the head's weight by 4-bit codes: omni-quant's report names its kernel
+            "head_dtype": w0.get("head_dtype") or ("int4" if quant.get("head") else None),
+            "head_kernel": quant.get("head"),
             "head_quant_method": w0.get("head_quant_method"),
             "head_tied": w0.get("head_tied"),
-            "patches": w0["patches"],
+            "patches": w0["extension_reports"].get("patches", {}).get("applied"),
+            "extension_reports": w0["extension_reports"],
             "kv_cache": w0["kv_cache"],
             "enforce_eager": args.enforce_eager,
             "compile_cache": "cold" if cold else "warm",

@@ -78,7 +78,7 @@ def real_model() -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     """A random 2-layer Llama (4 heads, 2 KV heads, float32), no tokenizer."""
-    from omni_platform.probe import make_tiny_llama
+    from omni_platform.testing import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
 

@@ -43,12 +43,12 @@ def test_c01_explicit_kv_cache_memory_bytes_wins(int4_runs):
     on = int4_runs["on"]
     assert on["workers"][0]["kv_cache"]["num_blocks"] == (256 * MiB) // SMOLLM2_BLOCK
     assert "kv_cache_memory_bytes=268435456 (explicit) wins over VLLM_CPU_KVCACHE_SPACE=1" in on.log
-    assert "_patch_cpu_explicit_kv_cache_memory" in on["workers"][0]["patches"]
+    assert "_patch_cpu_explicit_kv_cache_memory" in on["workers"][0]["extension_reports"]["patches"]["applied"]
 
 
 def test_c01_bug_without_the_patch(int4_runs):
     off = int4_runs["kv_off"]
-    assert "_patch_cpu_explicit_kv_cache_memory" not in off["workers"][0]["patches"]
+    assert "_patch_cpu_explicit_kv_cache_memory" not in off["workers"][0]["extension_reports"]["patches"]["applied"]
     assert off["workers"][0]["kv_cache"]["num_blocks"] == (1 << 30) // SMOLLM2_BLOCK  # 1 GiB: the env won
 
 

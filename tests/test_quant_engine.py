@@ -46,11 +46,11 @@ def test_the_kernel_chosen_at_load_is_logged_and_runs(int4_run):
 
     (worker,) = int4_run["workers"]
     if native.available():
-        assert worker["head_kernel"] == "native"
+        assert worker["extension_reports"]["quant"]["head"] == "native"
         assert f"omni W4A8 kernel ({native.best_isa()})" in int4_run.log
         assert "prefill:" in int4_run.log
     else:
-        assert worker["head_kernel"] == "int4pack" and "not built" in int4_run.log
+        assert worker["extension_reports"]["quant"]["head"] == "int4pack" and "not built" in int4_run.log
 
 
 def test_the_int4pack_fallback_serves_the_same_prompts(int4_model_dir, int4_run):
@@ -60,7 +60,8 @@ def test_the_int4pack_fallback_serves_the_same_prompts(int4_model_dir, int4_run)
               "prompts": PROMPTS, "max_tokens": 32}
     run = run_engine(config, clean_env(VLLM_PLUGINS="omni", OMNI_INT4_KERNEL="int4pack"))
     (worker,) = run["workers"]
-    assert worker["head_kernel"] == "int4pack"
+    assert worker["extension_reports"]["quant"]["head"] == "int4pack"
+    assert set(worker["extension_reports"]["quant"]["layers"]) == {"int4pack"}  # every layer, not just the head
     first = [a[0] == b[0] for a, b in zip(run["token_ids"], int4_run["token_ids"], strict=False)]
     assert sum(first) >= 6, (run["texts"], int4_run["texts"])
 

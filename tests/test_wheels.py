@@ -64,5 +64,6 @@ def test_wheels_install_into_a_fresh_venv_and_everything_is_active(wheels, tmp_p
     assert sorted(worker["extensions"]) == ["patches", "quant"]
     from omni_patches.patches import all_patches
 
-    assert sorted(worker["patches"]) == sorted(p.name for p in all_patches())
+    assert worker["extension_reports"]["patches"]["applied"] == sorted(p.name for p in all_patches())
+    assert worker["extension_reports"]["quant"]["method"] == "cpu_int4"
     assert os.path.isdir(venv)

@@ -10,6 +10,7 @@ __all__ = [
     "status",
 ]
 
+from omni_patches import settings as _settings  # noqa: F401  (declares the patch switches first)
 from omni_patches._registry import applied_patches
 from omni_patches.apply import apply_all, status
 from omni_patches.guards import PatchRefused

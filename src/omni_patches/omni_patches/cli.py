@@ -14,25 +14,15 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from dataclasses import asdict
 
 __all__ = ["main"]
 
 
 def _worker_applied() -> list[str]:
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from vllm import LLM
+    from omni_platform.testing import tiny_engine_reports
 
-    from omni_platform.probe import make_tiny_llama, worker_report
-
-    with tempfile.TemporaryDirectory(prefix="omni-patches-") as tmp:
-        llm = LLM(model=str(make_tiny_llama(tmp)), enforce_eager=True, skip_tokenizer_init=True,
-                  max_model_len=256, max_num_seqs=1)
-        try:
-            return llm.collective_rpc(worker_report)[0]["patches"] or []
-        finally:
-            llm.llm_engine.engine_core.shutdown()
+    return tiny_engine_reports()[0]["extension_reports"].get("patches", {}).get("applied", [])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,24 @@
 """The one registry of omni's environment variables.
 
-Every setting omni reads from the environment is declared here with its parser,
+Every setting omni reads from the environment is declared in this registry with its parser,
 default and meaning, and read lazily (at attribute access, never at import), in the
-manner of ``vllm/envs.py`` (vLLM 0.28). Reading a name that is not declared raises
-``AttributeError``; :func:`unknown_omni_variables` lists ``OMNI_*`` variables present
-in the environment that nobody declared (a typo would otherwise be a silent no-op).
+manner of ``vllm/envs.py`` (vLLM 0.28). omni-platform declares its own settings here; each
+extension declares its own with :func:`register` when its package is imported (omni-quant's
+``omni_quant.settings``, omni-patches' ``omni_patches.settings``), so that the platform names
+none of them. Reading a name that is not declared raises ``AttributeError``;
+:func:`unknown_omni_variables` lists ``OMNI_*`` variables present in the environment that
+nobody declared (a typo would otherwise be a silent no-op).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SETTINGS", "Setting", "unknown_omni_variables"]
+__all__ = ["SETTINGS", "Setting", "bool_setting", "is_set", "nonneg_int_setting", "register", "str_setting",
+           "unknown_omni_variables"]
 
 
 def _bool(raw: str) -> bool:
@@ -101,58 +105,6 @@ SETTINGS: dict[str, Setting] = {
             "parent dies, SIGKILL included (omni_platform.lifeline); 0 leaves them to vLLM.",
         ),
         Setting(
-            "OMNI_PATCH_AOT_CACHE_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_aot_compile_cache_load (when installed).",
-        ),
-        Setting(
-            "OMNI_PATCH_KV_CACHE_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_explicit_kv_cache_memory (when installed).",
-        ),
-        Setting(
-            "OMNI_PATCH_RELEASE_MEMORY_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_release_memory_after_load (when installed).",
-        ),
-        Setting(
-            "OMNI_PATCH_BATCH_DEFAULTS_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_small_machine_batch_defaults (when installed).",
-        ),
-        Setting(
-            "OMNI_PATCH_SAMPLER_SEEDS_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_sampler_seeds (when installed).",
-        ),
-        Setting(
-            "OMNI_PATCH_PIPELINE_PARALLEL_OFF",
-            _bool,
-            False,
-            "1 switches off omni-patches' _patch_cpu_pipeline_parallel_eager (when installed).",
-        ),
-        Setting(
-            "OMNI_INT4_KERNEL",
-            _str,
-            "auto",
-            "Which kernel multiplies cpu_int4 weights (omni-quant): native (omni's W4A8 kernel, "
-            "when it was built and fits the layer), int4pack (torch's _weight_int4pack_mm_for_cpu), "
-            "or auto (native where it can run, else int4pack).",
-        ),
-        Setting(
-            "OMNI_INT4_DEQUANT_MIN_ROWS",
-            _nonneg_int,
-            None,
-            "cpu_int4 with the native kernel: from this many rows (tokens in a step) on, dequantize "
-            "the layer to bf16 for the step and use torch's bf16 GEMM; 0 never. Unset: measured per "
-            "layer shape at load on this CPU and cached (omni_quant.kernel_choice).",
-        ),
-        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _nonneg_int,
             None,
@@ -168,6 +120,34 @@ SETTINGS: dict[str, Setting] = {
         ),
     )
 }
+
+
+def register(settings: Iterable[Setting]) -> None:
+    """Declare an extension's settings (idempotent: declaring the same setting again is a no-op).
+
+    Raises:
+        ValueError: a name is already declared with another parser, default or meaning.
+    """
+    for setting in settings:
+        known = SETTINGS.get(setting.name)
+        if known is not None and known != setting:
+            raise ValueError(f"omni setting {setting.name} is declared twice, differently: {known} and {setting}")
+        SETTINGS[setting.name] = setting
+
+
+def bool_setting(name: str, default: bool, doc: str) -> Setting:
+    """A yes/no setting (1/0, true/false, yes/no, on/off)."""
+    return Setting(name, _bool, default, doc)
+
+
+def nonneg_int_setting(name: str, default: int | None, doc: str) -> Setting:
+    """A whole number >= 0."""
+    return Setting(name, _nonneg_int, default, doc)
+
+
+def str_setting(name: str, default: str | None, doc: str) -> Setting:
+    """Any string, as given."""
+    return Setting(name, _str, default, doc)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,13 @@
-"""Activation of the installed omni extensions, in each vLLM process.
+"""Activation of the installed omni extensions, in each vLLM process, and what they report.
 
 omni-quant and omni-patches declare entry points in the group ``omni.extensions``;
-installing a distribution is the opt-in. :func:`activate` (called by the ``omni``
-general plugin in the front end, the engine core and every worker) starts the orphan
-watchdog in processes vLLM spawned (:mod:`omni_platform.lifeline`), checks that the current
-vLLM platform is OmniPlatform, then calls each extension's hook once.
+installing a distribution is the opt-in. Each entry point is a function returning an
+:class:`Extension`: its name, its distribution, its settings, what to do in a process and a
+``report()`` about itself. :func:`activate` (called by the ``omni`` general plugin in the front
+end, the engine core and every worker) starts the orphan watchdog in processes vLLM spawned
+(:mod:`omni_platform.lifeline`), checks that the current vLLM platform is OmniPlatform, then
+activates each extension once. The platform asks the active extensions about themselves
+(:func:`reports`) and imports none of them (pluggy's host and plugins, ``_manager.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import logging
 import multiprocessing
 import os
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from typing import Any
 
 from omni_platform import envs
 
@@ -22,20 +28,66 @@ logger = logging.getLogger("vllm.omni_platform.extensions")
 
 __all__ = [
     "EXTENSION_GROUP",
+    "Extension",
     "OmniNotActiveError",
     "activate",
     "active_extensions",
+    "declare_installed_settings",
+    "installed_distributions",
     "installed_extensions",
+    "reports",
 ]
 
 EXTENSION_GROUP = "omni.extensions"
 
 _active: dict[str, str] = {}
+_extensions: dict[str, Extension] = {}
 _activated = False
 
 
 class OmniNotActiveError(RuntimeError):
     """omni extensions were asked to run while the current vLLM platform is not OmniPlatform."""
+
+
+@dataclass(frozen=True)
+class Extension:
+    """What an ``omni.extensions`` entry point returns.
+
+    ``name``: the entry point's name (``quant``, ``patches``); ``distribution``: the pip
+    distribution that ships it; ``settings``: its environment variables (declared in
+    :mod:`omni_platform.envs` when its package is imported); ``activate``: run once in every vLLM
+    process; ``report(worker)``: a JSON-able dict about the extension in this process (``worker``:
+    the vLLM worker when called inside one through ``collective_rpc``, else None).
+    """
+
+    name: str
+    distribution: str
+    activate: Callable[[], None]
+    report: Callable[[Any], dict[str, Any]]
+    settings: tuple[envs.Setting, ...] = field(default=())
+
+
+def _load(ep) -> Extension:
+    ext = ep.load()()
+    if not isinstance(ext, Extension):
+        raise TypeError(f"entry point {ep.name} = {ep.value} of group {EXTENSION_GROUP} returned "
+                        f"{type(ext).__name__}, not omni_platform.extensions.Extension")
+    envs.register(ext.settings)
+    return ext
+
+
+def reports(worker: Any = None) -> dict[str, dict[str, Any]]:
+    """``{extension name: its report}`` for every extension active in this process.
+
+    An extension whose report raises is reported as ``{"error": "<type>: <message>"}``: a
+    report is for reading, it must not take the caller down."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, ext in sorted(_extensions.items()):
+        try:
+            out[name] = ext.report(worker)
+        except Exception as exc:  # noqa: BLE001  (named in the report instead)
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return out
 
 
 def installed_extensions() -> dict[str, str]:
@@ -45,6 +97,29 @@ def installed_extensions() -> dict[str, str]:
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "?"
         found[ep.name] = dist
     return found
+
+
+def installed_distributions() -> dict[str, str | None]:
+    """``{distribution: version}`` of omni-platform and of every distribution that ships an
+    ``omni.extensions`` entry point (what ``omni-info`` lists; the platform names none of them)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        own = version("omni-platform")
+    except PackageNotFoundError:
+        own = None
+    dists = {"omni-platform": own}
+    for ep in entry_points(group=EXTENSION_GROUP):
+        if ep.dist is not None:
+            dists[ep.dist.name] = ep.dist.version
+    return dists
+
+
+def declare_installed_settings() -> None:
+    """Declare the settings of every installed extension without activating any (``omni-info``
+    checks every declared variable, including those of extensions it does not activate)."""
+    for ep in entry_points(group=EXTENSION_GROUP):
+        _load(ep)
 
 
 def active_extensions() -> dict[str, str]:
@@ -61,12 +136,13 @@ def current_platform_qualname() -> str:
 
 
 def activate() -> dict[str, str]:
-    """Run each installed extension's hook once in this process; return the active ones.
+    """Activate each installed extension once in this process; return the active ones.
 
     Raises:
         OmniNotActiveError: the current platform is not OmniPlatform (with the reason the
             omni platform plugin gave, when it declined).
-        Exception: whatever an extension's hook raises (never swallowed).
+        TypeError: an entry point does not return an :class:`Extension`.
+        Exception: whatever an extension's activation raises (never swallowed).
     """
     global _activated
     if _activated:
@@ -88,16 +164,17 @@ def activate() -> dict[str, str]:
             f"not {PLATFORM_QUALNAME}: {reason}. Run with VLLM_PLUGINS=omni on a CPU build of "
             "vLLM, or uninstall the omni distributions."
         )
-    unknown = envs.unknown_omni_variables()
+    loaded = [(ep, _load(ep)) for ep in entry_points(group=EXTENSION_GROUP)]
+    unknown = envs.unknown_omni_variables()  # after the extensions declared theirs
     if unknown:
         logger.warning(
             "omni: ignoring undeclared environment variable(s) %s; declared: %s",
             unknown, ", ".join(sorted(envs.SETTINGS)),
         )
-    for ep in entry_points(group=EXTENSION_GROUP):
-        hook = ep.load()
-        hook()
-        _active[ep.name] = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "?"
+    for ep, ext in loaded:
+        ext.activate()
+        _extensions[ext.name] = ext
+        _active[ext.name] = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else ext.distribution
     _activated = True
     _append_activation_log(platform)
     return active_extensions()

@@ -4,7 +4,7 @@ Reports vLLM and torch versions, the omni distributions installed and enabled, t
 platform class, the extensions and patches active in this process, and with
 ``--worker`` the platform, CPU binding, torch thread count, extensions and patches
 inside the worker of a minimal engine (a tiny random Llama from
-:func:`omni_platform.probe.make_tiny_llama`, or ``--model``).
+:func:`omni_platform.testing.make_tiny_llama`, or ``--model``).
 
 Exit status: 0 when consistent; 1 when a name in ``VLLM_PLUGINS`` matches no
 installed vLLM plugin, or omni's extensions are enabled while the platform is not
@@ -21,13 +21,11 @@ import json
 import os
 import platform as py_platform
 import sys
-import tempfile
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from typing import Any
 
 __all__ = ["collect", "main"]
 
-DISTRIBUTIONS = ("omni-platform", "omni-quant", "omni-patches")
 VLLM_PLUGIN_GROUPS = (
     "vllm.platform_plugins",
     "vllm.general_plugins",
@@ -62,7 +60,9 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
                 f"(installed: {', '.join(sorted(all_names)) or 'none'}); fix the spelling or install it"
             )
     from omni_platform import envs
+    from omni_platform.extensions import declare_installed_settings
 
+    declare_installed_settings()  # the extensions' own variables are checked too
     for name in sorted(envs.SETTINGS):
         try:
             getattr(envs, name)
@@ -81,7 +81,9 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
         OmniNotActiveError,
         active_extensions,
         current_platform_qualname,
+        installed_distributions,
         installed_extensions,
+        reports,
     )
 
     platform_name = current_platform_qualname()
@@ -103,7 +105,7 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
             "python": py_platform.python_version(),
         },
         "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS"),
-        "distributions": {d: _version(d) for d in DISTRIBUTIONS},
+        "distributions": installed_distributions(),
         "omni_general_plugin_enabled": omni_enabled,
         "platform": platform_name,
         "platform_is_omni": platform_name == PLATFORM_QUALNAME,
@@ -111,7 +113,7 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
         "extensions_installed": installed_extensions(),
         "extensions_active": sorted(active_extensions()),
         "extensions_error": extensions_error,
-        "patches_applied": _patches(),
+        "extension_reports": reports(),
         "process": {"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))},
         "is_cpu": current_platform.is_cpu(),
     }
@@ -128,33 +130,10 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
     return report, problems
 
 
-def _patches() -> list[str] | None:
-    try:
-        from omni_patches import applied_patches
-    except ImportError:
-        return None
-    return sorted(applied_patches())
-
-
 def _probe_workers(model: str | None) -> list[dict[str, Any]]:
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
-    from vllm import LLM
+    from omni_platform.testing import tiny_engine_reports
 
-    from omni_platform.probe import make_tiny_llama, worker_report
-
-    with tempfile.TemporaryDirectory(prefix="omni-info-") as tmp:
-        path = model or str(make_tiny_llama(tmp))
-        llm = LLM(
-            model=path,
-            enforce_eager=True,
-            skip_tokenizer_init=model is None,
-            max_model_len=256,
-            max_num_seqs=1,
-        )
-        try:
-            return llm.collective_rpc(worker_report)
-        finally:
-            llm.llm_engine.engine_core.shutdown()
+    return tiny_engine_reports(model)
 
 
 def _print_text(report: dict[str, Any], problems: list[str]) -> None:
@@ -167,11 +146,12 @@ def _print_text(report: dict[str, Any], problems: list[str]) -> None:
     if report["platform_decline_reason"]:
         print(f"  omni platform declined: {report['platform_decline_reason']}")
     print(f"extensions installed: {report['extensions_installed']}; active here: {report['extensions_active']}")
-    print(f"patches applied here: {report['patches_applied']}")
+    for name, rep in report["extension_reports"].items():
+        print(f"  {name}: {json.dumps(rep)}")
     for w in report.get("workers") or []:
         print(
             f"worker pid {w['pid']}: platform {w['platform']}, cpus {w['affinity']}, "
-            f"torch threads {w['torch_threads']}, extensions {w['extensions']}, patches {w['patches']}"
+            f"torch threads {w['torch_threads']}, extensions {json.dumps(w['extension_reports'])}"
         )
     for p in problems:
         print(f"PROBLEM: {p}")

@@ -1,13 +1,21 @@
-"""The ``quant`` hook of the ``omni.extensions`` group, run by omni's general plugin.
+"""omni-quant's entry in the ``omni.extensions`` group: what omni's general plugin runs and asks.
 
-It runs in every vLLM process (front end, engine core, worker), which is where the
-``cpu_int4`` method must be registered (C05): the front end to validate the config,
-the worker to build the layers. Repeating it is harmless.
+:func:`extension` returns the :class:`~omni_platform.extensions.Extension`. Its activation runs
+in every vLLM process (front end, engine core, worker), which is where the ``cpu_int4`` method
+must be registered (C05): the front end to validate the config, the worker to build the layers;
+repeating it is harmless. Its report says which kernel this CPU runs and, inside a worker,
+how the model's layers were loaded.
 """
 
 from __future__ import annotations
 
-__all__ = ["register"]
+from collections import Counter
+from typing import Any
+
+from omni_platform.extensions import Extension
+from omni_quant.settings import SETTINGS
+
+__all__ = ["extension", "register", "report"]
 
 
 def register() -> None:
@@ -17,3 +25,28 @@ def register() -> None:
     from omni_quant.config import QUANT_METHOD, CpuInt4Config
 
     register_quantization_config(QUANT_METHOD)(CpuInt4Config)
+
+
+def report(worker: Any = None) -> dict[str, Any]:
+    """``method``, the W4A8 kernel this CPU runs (``native_isa``, or why it is missing); inside a
+    worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack) and ``head`` (the
+    output head's kernel, None when the head is not cpu_int4)."""
+    from omni_quant import native
+    from omni_quant.config import QUANT_METHOD
+
+    out: dict[str, Any] = {"method": QUANT_METHOD, "native_isa": native.best_isa(),
+                           "native_unavailable": native.unavailable_reason()}
+    model = getattr(getattr(worker, "model_runner", None), "model", None)
+    if model is None:
+        return out
+    kernels = Counter(getattr(m, "cpu_int4_kernel", None) for m in model.modules())
+    kernels.pop(None, None)
+    out["layers"] = dict(kernels)
+    head = getattr(model, "lm_head", None)
+    out["head"] = getattr(head, "cpu_int4_kernel", None)
+    return out
+
+
+def extension() -> Extension:
+    """omni-quant as an omni extension."""
+    return Extension(name="quant", distribution="omni-quant", activate=register, report=report, settings=SETTINGS)

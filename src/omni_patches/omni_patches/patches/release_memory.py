@@ -16,7 +16,7 @@ import functools
 import logging
 
 from omni_patches.patches import MARKER, Patch
-from omni_platform.probe import rss_anon as _rss_anon
+from omni_platform.procfs import status_bytes
 
 __all__ = ["PATCH", "release_free_memory"]
 
@@ -26,7 +26,7 @@ NAME = "_patch_cpu_release_memory_after_load"
 
 def release_free_memory() -> int:
     """Return free allocator memory to the OS; bytes of RssAnon released (may be 0)."""
-    before = _rss_anon()
+    before = status_bytes("RssAnon")
     proc = ctypes.CDLL(None)
     release = getattr(proc, "MallocExtension_ReleaseFreeMemory", None)
     if release is not None:
@@ -34,7 +34,7 @@ def release_free_memory() -> int:
     trim = getattr(proc, "malloc_trim", None)
     if trim is not None:
         trim(ctypes.c_size_t(0))
-    return max(0, before - _rss_anon())
+    return max(0, before - status_bytes("RssAnon"))
 
 
 def _wrap(original, stage: str):

@@ -1,0 +1,21 @@
+"""omni-quant's settings, declared in omni's settings registry when omni-quant is imported."""
+
+from __future__ import annotations
+
+from omni_platform import envs
+
+__all__ = ["SETTINGS"]
+
+SETTINGS = (
+    envs.str_setting(
+        "OMNI_INT4_KERNEL", "auto",
+        "Which kernel multiplies cpu_int4 weights (omni-quant): native (omni's W4A8 kernel, "
+        "when it was built and fits the layer), int4pack (torch's _weight_int4pack_mm_for_cpu), "
+        "or auto (native where it can run, else int4pack)."),
+    envs.nonneg_int_setting(
+        "OMNI_INT4_DEQUANT_MIN_ROWS", None,
+        "cpu_int4 with the native kernel: from this many rows (tokens in a step) on, dequantize "
+        "the layer to bf16 for the step and use torch's bf16 GEMM; 0 never. Unset: measured per "
+        "layer shape at load on this CPU and cached (omni_quant.kernel_choice)."),
+)
+envs.register(SETTINGS)
