@@ -45,13 +45,13 @@ $(STAMP): pyproject.toml src/omni_platform/pyproject.toml src/omni_quant/pyproje
 	touch $(STAMP)
 
 model: $(STAMP)  ## fetch MODEL (default smollm2-135m-int4) into the model cache
-	$(PY) -m harness.models fetch $(MODEL)
+	$(PY) -m harness models fetch $(MODEL)
 
 demo: $(STAMP)  ## the main job: serve the bundled real model, ask one chat question, print the reply
-	$(PY) -m harness.demo --model $(MODEL)
+	$(PY) -m harness demo --model $(MODEL)
 
 serve: $(STAMP)  ## keep omni-vllm serve running on 127.0.0.1:$(PORT) with MODEL
-	VLLM_PLUGINS=omni $(VENV)/bin/omni-vllm serve "$$($(PY) -m harness.models fetch $(MODEL) | tail -n 1)" \
+	VLLM_PLUGINS=omni $(VENV)/bin/omni-vllm serve "$$($(PY) -m harness models fetch $(MODEL) | tail -n 1)" \
 	    --served-model-name $(MODEL) --host 127.0.0.1 --port $(PORT) --max-model-len 2048
 
 # llama.cpp baseline: pip builds llama-cpp-python from source (about 5 minutes).
@@ -62,10 +62,10 @@ $(LCP_STAMP): $(STAMP)
 	touch $(LCP_STAMP)
 
 bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
-	$(PY) -m harness.models fetch smollm2-135m-int4
-	$(PY) harness/bench_harness.py --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
+	$(PY) -m harness models fetch smollm2-135m-int4
+	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
-	$(PY) harness/results.py plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
+	$(PY) -m harness results plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
 
 # The user-size comparison (issue 10): Qwen2.5-Coder-1.5B, every arm of harness/specs/user_size.json,
 # fidelity of cpu_int4 against bf16, and SmolLM2's int4-vs-bf16 prefill. Downloads the model's
@@ -78,23 +78,23 @@ $(QWEN_STAMP): $(STAMP)
 	touch $(QWEN_STAMP)
 
 bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
-	$(PY) -m harness.models fetch $(QWEN)-int4
-	$(PY) -m harness.models fetch $(QWEN)-gptq
-	$(PY) -m harness.models fetch smollm2-135m-int4
-	VLLM_PLUGINS=omni $(PY) -m harness.fidelity --ref "$$($(PY) -m harness.models path $(QWEN))" \
-	    --test "$$($(PY) -m harness.models path $(QWEN)-int4)" \
+	$(PY) -m harness models fetch $(QWEN)-int4
+	$(PY) -m harness models fetch $(QWEN)-gptq
+	$(PY) -m harness models fetch smollm2-135m-int4
+	VLLM_PLUGINS=omni $(PY) -m harness fidelity --ref "$$($(PY) -m harness models path $(QWEN))" \
+	    --test "$$($(PY) -m harness models path $(QWEN)-int4)" \
 	    --out harness/results/fidelity_$(QWEN)-$(shell date -u +%Y%m%dT%H%M%SZ).json
-	$(PY) harness/bench_harness.py --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
+	$(PY) -m harness bench --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
-	$(PY) harness/results.py plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
+	$(PY) -m harness results plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
 	# llama.cpp's AMX decode: only where the CPU has AMX (elsewhere the user_size arm already runs
 	# llama.cpp with its extra buffer types)
 	if grep -qw amx_int8 /proc/cpuinfo; then \
-	    $(PY) harness/bench_harness.py --spec harness/specs/user_size_llamacpp_amx.json --passes $(BENCH_PASSES) \
+	    $(PY) -m harness bench --spec harness/specs/user_size_llamacpp_amx.json --passes $(BENCH_PASSES) \
 	        --metric tg_tps,rss_anon_tree_mb --cores $(CORES) --timeout 1800 \
 	        --out harness/results/user_size_llamacpp_amx-$(shell date -u +%Y%m%dT%H%M%SZ).json; \
 	else echo "user_size_llamacpp_amx: skipped, this CPU has no AMX"; fi
-	$(PY) harness/bench_harness.py --spec harness/specs/prefill_int4_vs_bf16.json --passes $(BENCH_PASSES) \
+	$(PY) -m harness bench --spec harness/specs/prefill_int4_vs_bf16.json --passes $(BENCH_PASSES) \
 	    --metric pp_tps,tg_tps --cores $(CORES) --timeout 900 \
 	    --out harness/results/prefill_int4_vs_bf16-$(shell date -u +%Y%m%dT%H%M%SZ).json
 
@@ -107,35 +107,37 @@ $(ZEN_DIR)/.omni-zentorch: $(STAMP)
 	touch $@
 
 kernel-matrix: $(STAMP) $(ZEN_DIR)/.omni-zentorch  ## every 4-bit CPU kernel on the real shapes
-	PYTHONPATH=$(ZEN_DIR) $(PY) -m harness.kernel_bench
+	PYTHONPATH=$(ZEN_DIR) $(PY) -m harness kernels
 
 # OpenVINO GenAI baseline, in its own environment (its pins differ from vLLM's).
 ov-setup: $(OV_STAMP)  ## OpenVINO GenAI in its own .venv-ov
 
-$(OV_STAMP):
+$(OV_STAMP): src/omni_platform/pyproject.toml
 	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
 	$(OV_VENV)/bin/pip install --quiet "torch==2.13.0+cpu" openvino-genai "optimum-intel[openvino]" nncf psutil
+	# the harness's /proc reader (omni_platform.procfs: standard library only), without vLLM
+	$(OV_VENV)/bin/pip install --quiet --no-deps -e src/omni_platform
 	# as in setup: a torchvision built for another torch breaks `import transformers`
 	$(OV_VENV)/bin/pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(OV_STAMP)
 
 # Exported into a sibling directory and renamed when complete (an interrupted export leaves no IR).
 ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
-	$(PY) -m harness.models fetch $(QWEN)
+	$(PY) -m harness models fetch $(QWEN)
 	IR="$$($(PY) -c 'from harness.run_openvino import ir_dir; print(ir_dir("$(QWEN)"))')"; \
 	if [ ! -f "$$IR/openvino_model.xml" ]; then \
 	    rm -rf "$$IR.partial" && \
-	    $(OV_VENV)/bin/optimum-cli export openvino --model "$$($(PY) -m harness.models path $(QWEN))" \
+	    $(OV_VENV)/bin/optimum-cli export openvino --model "$$($(PY) -m harness models path $(QWEN))" \
 	        --task text-generation-with-past --weight-format int4 "$$IR.partial" && \
 	    mv "$$IR.partial" "$$IR"; \
 	fi
 
 test: $(STAMP) $(LCP_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python once)
-	$(PY) -m harness.models fetch smollm2-135m-int4
+	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)  ## the tests not marked engine: no engine start, no llama.cpp build
-	$(PY) -m harness.models fetch smollm2-135m-int4
+	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff over the repository (settings in pyproject.toml)

@@ -1,6 +1,6 @@
 """Side-by-side measurement of arms, with the rules that keep a number honest.
 
-    python harness/bench_harness.py --spec ARMS.json --passes N --metric NAME[,NAME...]
+    python -m harness bench --spec ARMS.json --passes N --metric NAME[,NAME...]
         --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy]
 
 A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}``; ``command``
@@ -30,20 +30,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script: make `harness` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from harness import guard, provenance
-from harness.judge import judge, summarize
+from harness.judge import judge_runs
 from harness.metrics import UnknownMetricError, get_metric
 from harness.runner import PassResult, run_pass
 
 __all__ = ["FORMAT_VERSION", "check_expectations", "main", "rotation", "run_grid"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Artifact format. 1: format_version, kind, created_unix, spec, passes, metrics,
 runs[], summary{metric: [ArmSummary]}, verdict, provenance, guard[], labels[],
-check, retracted, retraction."""
+check, retracted, retraction. 2: verdicts{metric: Verdict}, every metric judged (``verdict``
+stays, the first metric's)."""
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -251,17 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
                       "before the first; the passes may not have run the same code")
 
-    summary: dict[str, list[dict]] = {}
-    for m in metrics:
-        rows = []
-        for tag in tags:
-            good = [r.metrics[m.name] for r in runs if r.tag == tag and r.ok and m.name in r.metrics]
-            failed = sum(1 for r in runs if r.tag == tag and not r.ok)
-            rows.append(summarize(tag, good, failed, m).to_dict())
-        summary[m.name] = rows
-    from harness.judge import ArmSummary
-
-    verdict = judge([ArmSummary(**s) for s in summary[metrics[0].name]], metrics[0])
+    summary, verdicts = judge_runs([r.to_dict() for r in runs], tags, metrics)
     reported = sorted({k for r in runs for k in r.metrics})
     unjudged = [k for k in reported if k not in metric_names]
     artifact: dict[str, Any] = {
@@ -277,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         "labels": labels,
         "runs": [r.to_dict() for r in runs],
         "summary": summary,
-        "verdict": verdict.to_dict(),
+        "verdict": verdicts[metrics[0].name],
+        "verdicts": verdicts,
         "reported_not_summarized": unjudged,
         "provenance": prov,
         "retracted": False,
@@ -296,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(_table(summary, metric_names))
-    print(verdict.text)
+    for name, v in verdicts.items():
+        print(f"verdict {name}: {v['text']}")
     for label in labels:
         print(f"LABEL: {label}")
     failed = [r for r in runs if not r.ok]

@@ -1,6 +1,6 @@
 """Fidelity of a quantized checkpoint against its bf16 reference, through vLLM.
 
-    python -m harness.fidelity --ref BF16_DIR --test INT4_DIR [--gen-len 32] [--json]
+    python -m harness fidelity --ref BF16_DIR --test INT4_DIR [--gen-len 32] [--json]
 
 On the prompt set shipped in ``harness/data/fidelity_prompts.json``:
 - the reference generates a greedy continuation of ``gen_len`` tokens per prompt;
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         a = json.loads(Path(argv[1]).read_text())
         _engine(a["model"], a["prompts"], a["gen_len"], a["sequences"], argv[2])
         return 0
-    ap = argparse.ArgumentParser(prog="python -m harness.fidelity", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness fidelity", description=__doc__.split("\n")[0])
     ap.add_argument("--ref", required=True)
     ap.add_argument("--test", required=True)
     ap.add_argument("--gen-len", type=int, default=32)

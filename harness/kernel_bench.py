@@ -1,8 +1,8 @@
 """The 4-bit kernel matrix: every reachable CPU kernel on the real linear shapes, per row count M.
 
-    python -m harness.kernel_bench [--models smollm2-135m,qwen2.5-coder-1.5b] [--rows 1,2,4,8,16,64,256,512]
+    python -m harness kernels [--models smollm2-135m,qwen2.5-coder-1.5b] [--rows 1,2,4,8,16,64,256,512]
         [--threads 2] [--repeats 7] [--out harness/results/kernel_matrix-STAMP.json]
-    python -m harness.kernel_bench table ARTIFACT      # the markdown tables the docs quote
+    python -m harness kernels table ARTIFACT      # the markdown tables the docs quote
 
 Kernels (each on the same random 4-bit weights of each shape):
 
@@ -54,9 +54,6 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["SHAPES", "llc_bytes", "main", "read_bandwidth_gbps"]
 
@@ -269,10 +266,10 @@ def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...]
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] == ["table"]:  # python -m harness.kernel_bench table ARTIFACT
+    if argv[:1] == ["table"]:  # python -m harness kernels table ARTIFACT
         print(table(json.loads(Path(argv[1]).read_text())))
         return 0
-    ap = argparse.ArgumentParser(prog="python -m harness.kernel_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness kernels", description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-1.5b")
     ap.add_argument("--rows", default="1,2,4,8,16,64,256,512")
     ap.add_argument("--threads", type=int, default=2)

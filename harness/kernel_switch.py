@@ -18,10 +18,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["main"]
 

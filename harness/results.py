@@ -1,9 +1,10 @@
 """Published results: list them, plot one, retract one (never delete).
 
-    python harness/results.py list [--dir harness/results]
-    python harness/results.py plot FILE [--out PNG]
-    python harness/results.py retract FILE --reason TEXT [--superseded-by FILE]
-    python harness/results.py supersede FILE --by FILE
+    python -m harness results list [--dir harness/results]
+    python -m harness results plot FILE [--out PNG]
+    python -m harness results retract FILE --reason TEXT [--superseded-by FILE]
+    python -m harness results supersede FILE --by FILE
+    python -m harness results rejudge FILE [--write]   # every metric again, with today's judge
 
 A retracted artifact keeps all its data and gains ``"retracted": true`` with the
 reason, the superseding file and the time; ``list`` shows both kinds.
@@ -18,12 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-__all__ = ["list_results", "main", "plot", "retract", "supersede"]
+__all__ = ["KNOWN_FORMATS", "list_results", "main", "plot", "rejudge", "retract", "supersede"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+KNOWN_FORMATS = (1, 2)  # harness/bench_harness.py FORMAT_VERSION's history
 
 
 def _load(path: Path) -> dict:
@@ -33,7 +32,35 @@ def _load(path: Path) -> dict:
         raise ValueError(f"{path} is not a harness artifact (not JSON: {e})") from None
     if not isinstance(data, dict) or "format_version" not in data:
         raise ValueError(f"{path} is not a harness artifact (no format_version)")
+    if data.get("kind", "bench") == "bench" and data["format_version"] not in KNOWN_FORMATS:
+        raise ValueError(f"{path} has format_version {data['format_version']!r}; this harness reads "
+                         f"{', '.join(map(str, KNOWN_FORMATS))} (a newer harness wrote it?)")
     return data
+
+
+def rejudge(path: Path, write: bool = False) -> dict[str, dict]:
+    """Every metric of a stored bench artifact judged again from its runs by the current judge.
+
+    With ``write``, the artifact gains ``verdicts``, ``summary`` and a ``rejudged`` record (the
+    verdicts it had, and when), atomically; its runs are not touched.
+
+    Raises:
+        ValueError: not a bench artifact.
+    """
+    from harness.judge import judge_runs
+    from harness.metrics import get_metric
+
+    data = _load(path)
+    if data.get("kind") != "bench":
+        raise ValueError(f"{path} is a {data.get('kind')!r} artifact; only bench artifacts have verdicts")
+    tags = [a["tag"] for a in data["spec"]["arms"]]
+    summary, verdicts = judge_runs(data["runs"], tags, [get_metric(m) for m in data["metrics"]])
+    if write:
+        before = data.get("verdicts") or {data["metrics"][0]: data.get("verdict")}
+        data.setdefault("rejudged", []).append({"unix": time.time(), "previous_verdicts": before})
+        data["summary"], data["verdicts"] = summary, verdicts
+        _write(path, data)
+    return verdicts
 
 
 def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
@@ -148,14 +175,30 @@ def supersede(path: Path, by: str) -> dict:
     return data
 
 
+def _measured_differently(data: dict) -> dict[str, dict[str, str]]:
+    """``{tag: {metric: how}}`` from the runs' provenance: arms whose runner says a metric is not
+    measured as vLLM's arms measure it (llama.cpp's RssAnon of one process beside a mmapped GGUF)."""
+    out: dict[str, dict[str, str]] = {}
+    for r in data.get("runs") or []:
+        how = (r.get("arm_provenance") or {}).get("measured_differently") or {}
+        if how:
+            out.setdefault(r["tag"], {}).update(how)
+    return out
+
+
 def plot(path: Path, out: Path | None = None) -> Path:
     """Draw each summarized metric as bars of the arms' medians with min-max whiskers (PNG).
 
-    The title carries the verdict and the artifact's labels (BUSY CORES, CODE CHANGED ...).
+    Each panel carries its own verdict; a panel the artifact's judge did not judge (format 1
+    judged only the first metric) says NOT JUDGED. Bars of arms that measure a metric
+    differently (their runner says how) are hatched, with the note under the panel. The title
+    carries the artifact's labels (BUSY CORES, CODE CHANGED ...).
 
     Raises:
         ValueError: not an artifact, or no arm has a good pass to draw.
     """
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -168,23 +211,35 @@ def plot(path: Path, out: Path | None = None) -> Path:
     if not any(r.get("median") is not None for name in names for r in data["summary"][name]):
         raise ValueError(f"{path} has no good pass to plot (every pass failed or reported nothing); "
                          f"see its runs[].reason")
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.8), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=False):
+    verdicts = data.get("verdicts") or {names[0]: data.get("verdict")}
+    different = _measured_differently(data)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4.8), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
         m = get_metric(name)
         rows = [r for r in data["summary"][name] if r["median"] is not None]
         tags = [r["tag"] for r in rows]
         med = [r["median"] for r in rows]
         err = [[r["median"] - r["min"] for r in rows], [r["max"] - r["median"] for r in rows]]
-        ax.bar(range(len(rows)), med, yerr=err, capsize=4, color="#4c72b0")
+        hatch = [("//" if name in different.get(t, {}) else "") for t in tags]
+        bars = ax.bar(range(len(rows)), med, yerr=err, capsize=4, color="#4c72b0")
+        for bar, h in zip(bars, hatch, strict=True):
+            if h:
+                bar.set_hatch(h)
+                bar.set_facecolor("#a0a0a0")
         ax.set_xticks(range(len(rows)), tags, rotation=25, ha="right", fontsize=8)
-        ax.set_title(f"{name} ({m.direction.value} is better)", fontsize=9)
+        verdict = (verdicts.get(name) or {}).get("text") or "NOT JUDGED: the artifact's judge did not rank this metric"
+        ax.set_title(f"{name} ({m.direction.value} is better)\n" + "\n".join(textwrap.wrap(verdict, 60)[:4]),
+                     fontsize=7)
         ax.set_ylabel(m.unit)
+        notes = [f"{t}: {different[t][name]}" for t in tags if name in different.get(t, {})]
+        if notes:
+            ax.set_xlabel("hatched, measured differently: " + "; ".join(notes), fontsize=6, wrap=True)
         for i, r in enumerate(rows):
             ax.annotate(f"n={r['n']}", (i, 0), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7,
                         color="white")
-    title = data.get("verdict", {}).get("text", "")
+    title = ""
     if data.get("labels"):
-        title = " | ".join(_label_names(data["labels"])) + "\n" + title
+        title = " | ".join(_label_names(data["labels"]))
     if data.get("retracted"):
         title = "RETRACTED: " + str((data.get("retraction") or {}).get("reason"))
     fig.suptitle(f"{path.name}\n{title}", fontsize=8)
@@ -223,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p_sup = sub.add_parser("supersede")
     p_sup.add_argument("file", type=Path)
     p_sup.add_argument("--by", required=True, help="the superseding artifact (relative to FILE's directory)")
+    p_rej = sub.add_parser("rejudge")
+    p_rej.add_argument("file", type=Path)
+    p_rej.add_argument("--write", action="store_true", help="store the new verdicts in the artifact")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "list":
@@ -230,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['file']}\n    {_state(r)}\n    {r['verdict']}")
         elif args.cmd == "plot":
             print(plot(args.file, args.out))
+        elif args.cmd == "rejudge":
+            for name, v in rejudge(args.file, args.write).items():
+                print(f"{name}: {v['text']}")
         elif args.cmd == "supersede":
             supersede(args.file, args.by)
             print(f"{args.file} superseded by {args.by}")

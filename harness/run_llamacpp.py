@@ -30,10 +30,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["main"]
 
@@ -119,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
             "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
         },
         "provenance": {
+            "measured_differently": {
+                "rss_anon_tree_mb": "RssAnon of one process; llama.cpp mmaps the GGUF, so its weights are file "
+                                    "pages, not counted (vLLM copies them into anonymous memory)",
+                "pp_tps": "one llama_eval of the prompt batch (llama-bench's pp), not a request through a scheduler",
+            },
             "platform": f"llama.cpp via llama-cpp-python {version('llama-cpp-python')}",
             "worker_threads": threads,
             "worker_cpus": sorted(os.sched_getaffinity(0)),

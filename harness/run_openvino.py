@@ -28,9 +28,6 @@ import sys
 import time
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 __all__ = ["main"]
 
 MiB = 1 << 20
@@ -99,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
         },
         "provenance": {
+            "measured_differently": {
+                "rss_anon_tree_mb": "RssAnon of one process; OpenVINO mmaps the IR's weights, file pages not counted",
+                "pp_tps": "prompt_len / OpenVINO GenAI's time to first token",
+            },
             "platform": f"OpenVINO GenAI {version('openvino-genai')} (openvino {version('openvino')})",
             "worker_threads": threads,
             "worker_cpus": sorted(os.sched_getaffinity(0)),

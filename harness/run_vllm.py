@@ -1,6 +1,6 @@
 """Arm runner: vLLM (stock or with omni, per ``VLLM_PLUGINS``) in the manner of llama-bench.
 
-    python harness/run_vllm.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
+    python -m harness run-vllm --model smollm2-135m [--prompt-len 512] [--gen-len 128]
         [--context-len 16] [--concurrency 8] [--max-num-seqs 8] [--enforce-eager]
         [--kv-cache-memory-bytes N] [--quantization Q] [--max-num-batched-tokens N] [--server]
 
@@ -37,9 +37,6 @@ import os
 import sys
 import time
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["main"]
 

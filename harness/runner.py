@@ -16,10 +16,12 @@ import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = ["PassResult", "run_pass"]
 
+REPO = Path(__file__).resolve().parent.parent
 TAIL_LINES = 30
 
 
@@ -88,8 +90,8 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
         start = time.monotonic()
         with open(out_path, "w") as out, open(err_path, "w") as err:
             try:
-                proc = subprocess.Popen(
-                    command, env=env, stdout=out, stderr=err, start_new_session=True,
+                proc = subprocess.Popen(  # in the repository: arms run `python -m harness run-...`
+                    command, env=env, stdout=out, stderr=err, start_new_session=True, cwd=REPO,
                     preexec_fn=lambda: os.sched_setaffinity(0, cores),
                 )
             except OSError as e:

@@ -20,7 +20,7 @@ def artifact(real_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("bench") / "decode.json"
     cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     proc = subprocess.run(
-        [sys.executable, str(REPO / "harness" / "bench_harness.py"), "--spec",
+        [sys.executable, "-m", "harness", "bench", "--spec",
          str(REPO / "harness" / "specs" / "decode_vs_llamacpp.json"), "--passes", "1",
          "--metric", "tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_cold_s", "--cores", cores, "--out", str(out),
          "--timeout", "900"],

@@ -13,7 +13,7 @@ from harness import guard
 from harness.provenance import KEYS
 
 REPO = Path(__file__).resolve().parent.parent
-BENCH = [sys.executable, str(REPO / "harness" / "bench_harness.py")]
+BENCH = [sys.executable, "-m", "harness", "bench"]  # run in REPO (cwd=REPO)
 CORES = ",".join(map(str, sorted(os.sched_getaffinity(0))))
 
 
@@ -27,7 +27,7 @@ def _bench(tmp_path, arms, *extra, passes=3, metric="tokens_per_s", **spec_extra
     out = tmp_path / "out.json"
     proc = subprocess.run([*BENCH, "--spec", str(spec), "--passes", str(passes), "--metric", metric,
                            "--cores", CORES, "--out", str(out), "--allow-busy", *extra],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
@@ -128,7 +128,7 @@ def test_guard_refuses_a_really_busy_core(tmp_path):
         spec.write_text(json.dumps({"arms": [_arm("x", "print('{\"tokens_per_s\": 1}')")]}))
         args = [*BENCH, "--spec", str(spec), "--passes", "1", "--metric", "tokens_per_s", "--cores", str(core),
                 "--out", str(tmp_path / "o.json")]
-        refused = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        refused = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=REPO)
         assert refused.returncode == 1 and "refusing" in refused.stderr
         assert not (tmp_path / "o.json").exists()
         allowed = subprocess.run([*args, "--allow-busy"], capture_output=True, text=True, timeout=120)
@@ -216,7 +216,8 @@ def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
     if case == "out_dir":
         out.mkdir()
     proc = subprocess.run([*BENCH, "--spec", str(spec), "--passes", "1", "--metric", "tokens_per_s", "--cores", cores,
-                           "--out", str(out), "--allow-busy", *extra], capture_output=True, text=True, timeout=120)
+                           "--out", str(out), "--allow-busy", *extra], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
     assert proc.returncode == 2, proc.stderr
     assert "bench_harness: error:" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists(), "no arm may run before the arguments are known good"
@@ -254,9 +255,9 @@ def test_code_changed_during_a_run_is_labelled(tmp_path, case):
              " print(json.dumps({'tokens_per_s': 1.0}))")
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"arms": [_arm("a", quiet if case in ("quiet_out_inside", "no_git") else write)]}))
-    proc = subprocess.run([sys.executable, str(repo / "harness" / "bench_harness.py"), "--spec", str(spec),
+    proc = subprocess.run([*BENCH, "--spec", str(spec),
                            "--passes", "2", "--metric", "tokens_per_s", "--cores", CORES, "--out", str(out),
-                           "--allow-busy"], capture_output=True, text=True, timeout=300)
+                           "--allow-busy"], capture_output=True, text=True, timeout=300, cwd=repo)
     assert proc.returncode == 0, proc.stderr
     art = json.loads(out.read_text())
     prov, labels = art["provenance"], art["labels"]

@@ -93,3 +93,86 @@ def test_an_arm_that_never_reports_a_metric_is_not_called_failed():
     m = get_metric("agg_tg_tps")
     assert summarize("llamacpp", [], 0, m).label == "not reported"
     assert summarize("broken", [], 2, m).label == "no good pass"
+
+
+@pytest.mark.parametrize("bad", [-3.0, 0.0, float("nan"), float("inf"), "12", True])
+def test_a_value_the_metric_declares_invalid_is_a_failed_pass(bad):
+    m = get_metric("tg_tps")
+    s = summarize("a", [10.0, 10.2, bad], 0, m)
+    assert s.n == 2 and s.failed == 1 and "invalid value(s) dropped" in s.label
+
+
+def test_a_missing_memory_reading_of_zero_never_wins():
+    m = get_metric("rss_anon_tree_mb")
+    v = judge([summarize("read", [900.0, 901.0], 0, m), summarize("defaulted", [0.0, 0.0], 0, m)], m)
+    assert v.ranking is None and "not judged: defaulted (0 good pass(es), 2 failed" in v.text
+
+
+def test_a_spread_above_the_noise_band_is_labelled_unstable():
+    s = summarize("a", [100.0, 130.0, 110.0], 0, get_metric("tg_tps"))
+    assert s.label.startswith("unstable: spread 27.3% > noise band 5%")
+
+
+def test_the_verdict_names_every_excluded_arm_and_failed_pass():
+    m = get_metric("tg_tps")
+    v = judge([summarize("a", [100.0, 101.0], 1, m), summarize("b", [50.0, 50.5], 0, m),
+               summarize("c", [70.0], 2, m), summarize("d", [], 3, m), summarize("llama", [], 0, m)], m)
+    assert v.ranking == ["a", "b"]
+    assert "not judged: c (1 good pass(es), 2 failed: single pass, not a result)" in v.text
+    assert "d (0 good pass(es), 3 failed: no good pass)" in v.text
+    assert "failed passes: a 1 (judged on 2 good)" in v.text
+    assert "llama" not in v.text  # reports nothing by design, failed nothing
+
+
+def _artifact(tmp_path, fmt=2):
+    import json
+
+    runs = [{"tag": t, "ok": True, "pass_index": i, "metrics": {"tg_tps": v, "rss_anon_tree_mb": r},
+             "arm_provenance": {"measured_differently": {"rss_anon_tree_mb": "one process"}} if t == "l" else {}}
+            for i in range(2) for t, v, r in (("o", 20.0 + i * 0.1, 3000.0), ("l", 11.0 + i * 0.1, 160.0))]
+    data = {"format_version": fmt, "kind": "bench", "spec": {"arms": [{"tag": "o"}, {"tag": "l"}]},
+            "metrics": ["tg_tps", "rss_anon_tree_mb"], "runs": runs, "labels": [],
+            "summary": {}, "verdict": {"text": "old"}}
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_rejudge_judges_every_metric_and_names_what_is_measured_differently(tmp_path):
+    import json
+
+    from harness.results import rejudge
+
+    path = _artifact(tmp_path, fmt=1)
+    verdicts = rejudge(path, write=True)
+    assert set(verdicts) == {"tg_tps", "rss_anon_tree_mb"}
+    assert verdicts["tg_tps"]["ranking"] == ["o", "l"]
+    assert "measured differently: l (one process)" in verdicts["rss_anon_tree_mb"]["text"]
+    stored = json.loads(path.read_text())
+    assert stored["verdicts"] == verdicts and stored["rejudged"][0]["previous_verdicts"] == {"tg_tps": {"text": "old"}}
+
+
+def test_an_artifact_of_an_unknown_format_is_refused(tmp_path):
+    from harness.results import main
+
+    assert main(["rejudge", str(_artifact(tmp_path, fmt=99))]) == 2
+
+
+def test_the_plot_marks_panels_it_did_not_judge(tmp_path, monkeypatch):
+    """A format-1 artifact judged only its first metric: the other panel says NOT JUDGED."""
+    import json
+
+    from harness import results
+
+    path = _artifact(tmp_path, fmt=1)
+    data = json.loads(path.read_text())
+    data["summary"] = {m: [{"tag": t, "n": 2, "median": 1.0, "min": 1.0, "max": 1.0} for t in ("o", "l")]
+                       for m in data["metrics"]}
+    path.write_text(json.dumps(data))
+    titles = []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.set_title
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, **kw: (titles.append(t), real(ax, t, **kw)))
+    results.plot(path)
+    assert "old" in titles[0] and "NOT JUDGED" in titles[1]
