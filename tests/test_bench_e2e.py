@@ -85,12 +85,11 @@ def test_c07_memory_is_the_whole_process_tree(artifact):
         assert all(p["pid"] > 0 and p["role"] for p in procs)
         total = sum(p["rss_anon"] for p in procs)
         assert total >= 0.9 * weight_bytes, (r["tag"], total, weight_bytes)
-        assert abs(total / 2**20 - r["metrics"]["rss_anon_tree_mb"]) < 1e-6
 
 
 def test_plot_of_the_artifact(artifact):
     _, _, out = artifact
-    proc = subprocess.run([sys.executable, str(REPO / "harness" / "results.py"), "plot", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "harness", "results", "plot", str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).read_bytes()[:4] == b"\x89PNG"

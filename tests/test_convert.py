@@ -269,11 +269,18 @@ def test_index_inventory(tmp_path, case):
     assert not (tmp_path / "out").exists(), "no directory of ours is left behind"
 
 
-def test_a_failure_after_start_removes_the_parents_it_made(tmp_path):
-    src = write_checkpoint(tmp_path / "src")
-    raw = (src / "model.safetensors").read_bytes()
-    (src / "model.safetensors").write_bytes(raw[: len(raw) - 1000])  # header intact, data cut short
+def test_a_failure_after_start_removes_the_parents_it_made(tmp_path, monkeypatch):
+    """A refusal in the middle of the tensors (C08: down_proj's K=100 fits no group size), after
+    the output directory exists and tensors were written into it: nothing of ours is left."""
+    from omni_quant import convert as convert_mod
+
+    src = write_checkpoint(tmp_path / "src", inter=100)
+    written = []
+    real_add = convert_mod._ShardWriter.add
+    monkeypatch.setattr(convert_mod._ShardWriter, "add", lambda self, name, t: (written.append(name),
+                                                                                 real_add(self, name, t))[1])
     dst = tmp_path / "new" / "dst"
-    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2, proc.stderr
-    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConversionError, match="down_proj"):
+        convert(src, dst)
+    assert written, "the failure came after tensors were written"
+    assert not (tmp_path / "new").exists(), "the output's parents, made by this run, are removed"

@@ -52,9 +52,14 @@ def test_c02_worker_decodes_on_all_allowed_cpus():
     assert rc == 0, report["problems"]
     (worker,) = report["workers"]
     assert worker["platform"] == "omni_platform.platform.OmniPlatform"
-    if len(allowed) <= 4:
-        assert worker["threads_cpus"] == allowed
-        assert worker["torch_threads"] == len(allowed)
+    assert set(worker["threads_cpus"]) <= set(allowed) and worker["torch_threads"] == len(worker["threads_cpus"])
+    from omni_platform import envs
+
+    if len(allowed) > envs.OMNI_FEW_CPUS:  # vLLM's own reservation applies there, not omni's small-machine rule
+        pytest.skip(f"{len(allowed)} allowed CPUs > OMNI_FEW_CPUS={envs.OMNI_FEW_CPUS}: the none-reserved rule "
+                    "is for small machines")
+    assert worker["threads_cpus"] == allowed
+    assert worker["torch_threads"] == len(allowed)
 
 
 @pytest.mark.engine

@@ -2,6 +2,7 @@
 worker)."""
 
 import json
+import os
 import re
 
 import pytest
@@ -108,7 +109,8 @@ def same_settings():
     return dict(
         # OMNI_IR_CPU_NORMS=0: omni's C++ norms (on by default in eager mode) round differently
         # from vLLM's native ones; they are checked against them in test_ir_kernels.
-        env=dict(VLLM_CPU_OMP_THREADS_BIND="0-1", VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMNI_IR_CPU_NORMS="0"),
+        env=dict(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, sorted(os.sched_getaffinity(0)))),
+                 VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMNI_IR_CPU_NORMS="0"),
         llm=dict(enforce_eager=True, kv_cache_memory_bytes=256 * MiB, max_model_len=512, seed=0),
     )
 
