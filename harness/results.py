@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["KNOWN_FORMATS", "list_results", "main", "plot", "rejudge", "retract", "supersede"]
+__all__ = ["KNOWN_FORMATS", "compare", "list_results", "main", "plot", "rejudge", "render_docs", "retract",
+           "supersede", "table"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 KNOWN_FORMATS = (1, 2)  # harness/bench_harness.py FORMAT_VERSION's history
@@ -36,6 +37,89 @@ def _load(path: Path) -> dict:
         raise ValueError(f"{path} has format_version {data['format_version']!r}; this harness reads "
                          f"{', '.join(map(str, KNOWN_FORMATS))} (a newer harness wrote it?)")
     return data
+
+
+TABLE_BEGIN = "<!-- results-table: "
+TABLE_END = "<!-- /results-table -->"
+
+
+def table(path: Path, metrics: list[str] | None = None) -> str:
+    """Markdown of a bench artifact: one row per arm, the median of each metric (``-`` where the arm
+    has none; ``n=1`` marked), then the judge's verdict for each metric and the artifact's labels.
+    The only way figures enter README and docs (``docs`` regenerates them; a test compares)."""
+    from harness.judge import judge_runs
+    from harness.metrics import get_metric
+
+    data = _load(path)
+    names = metrics or data["metrics"]
+    unknown = [m for m in names if m not in data["metrics"]]
+    if unknown:
+        raise ValueError(f"{path} did not summarize {unknown}; it has {data['metrics']}")
+    tags = [a["tag"] for a in data["spec"]["arms"]]
+    summary, verdicts = judge_runs(data["runs"], tags, [get_metric(m) for m in names])
+    head = "| arm | " + " | ".join(f"`{m}` ({get_metric(m).unit})" for m in names) + " |"
+    lines = [head, "|---|" + "---|" * len(names)]
+    for i, tag in enumerate(tags):
+        cells = []
+        for m in names:
+            row = summary[m][i]
+            if row["median"] is None:
+                cells.append("-")
+            else:
+                mark = " (1 pass)" if row["n"] == 1 else " (unstable)" if (row["label"] or "").startswith("unstable") else ""
+                cells.append(f"{row['median']:.2f}{mark}")
+        lines.append(f"| `{tag}` | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines += [f"- `{m}`: {verdicts[m]['text']}" for m in names]
+    if data.get("labels"):
+        lines.append(f"- labels: {'; '.join(_label_names(data['labels']))}")
+    return "\n".join(lines)
+
+
+def render_docs(files: list[Path], write: bool = True) -> list[Path]:
+    """Regenerate every table between ``<!-- results-table: ARTIFACT [metrics=a,b] -->`` and
+    ``<!-- /results-table -->`` in ``files`` (artifact paths relative to the repository); return the
+    files whose text changed (rewritten when ``write``)."""
+    repo = RESULTS_DIR.parent.parent
+    changed = []
+    for f in files:
+        text = f.read_text()
+        out, pos = [], 0
+        while (start := text.find(TABLE_BEGIN, pos)) != -1:
+            head_end = text.index("-->", start) + 3
+            end = text.index(TABLE_END, head_end)
+            spec = text[start + len(TABLE_BEGIN):head_end - 3].split()
+            metrics = next((a.split("=", 1)[1].split(",") for a in spec[1:] if a.startswith("metrics=")), None)
+            out += [text[pos:head_end], "\n", table(repo / spec[0], metrics), "\n"]
+            pos = end
+        out.append(text[pos:])
+        new = "".join(out)
+        if new != text:
+            changed.append(f)
+            if write:
+                f.write_text(new)
+    return changed
+
+
+def compare(path: Path, metric: str, a: str, b: str) -> dict:
+    """The judge's verdict on exactly two arms of a stored bench artifact for one metric (what a
+    doc needs before it quotes a pair of numbers): ``{"a": summary, "b": summary, "verdict": ...}``.
+
+    Raises:
+        ValueError: not a bench artifact, the metric was not summarized, or an arm is not in it.
+    """
+    from harness.judge import judge_runs
+    from harness.metrics import get_metric
+
+    data = _load(path)
+    if data.get("kind") != "bench" or metric not in data.get("metrics", []):
+        raise ValueError(f"{path} is not a bench artifact that summarized {metric!r}")
+    tags = [t["tag"] for t in data["spec"]["arms"]]
+    for t in (a, b):
+        if t not in tags:
+            raise ValueError(f"{path} has no arm {t!r}; arms: {', '.join(tags)}")
+    summary, verdicts = judge_runs(data["runs"], [a, b], [get_metric(metric)])
+    return {"a": summary[metric][0], "b": summary[metric][1], "verdict": verdicts[metric]}
 
 
 def rejudge(path: Path, write: bool = False) -> dict[str, dict]:
@@ -278,6 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     p_sup = sub.add_parser("supersede")
     p_sup.add_argument("file", type=Path)
     p_sup.add_argument("--by", required=True, help="the superseding artifact (relative to FILE's directory)")
+    p_cmp = sub.add_parser("compare")
+    p_cmp.add_argument("file", type=Path)
+    p_cmp.add_argument("metric")
+    p_cmp.add_argument("arms", nargs=2)
+    p_tab = sub.add_parser("table")
+    p_tab.add_argument("file", type=Path)
+    p_tab.add_argument("--metrics", default=None)
+    p_doc = sub.add_parser("docs")
+    p_doc.add_argument("files", type=Path, nargs="*")
     p_rej = sub.add_parser("rejudge")
     p_rej.add_argument("file", type=Path)
     p_rej.add_argument("--write", action="store_true", help="store the new verdicts in the artifact")
@@ -288,6 +381,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{r['file']}\n    {_state(r)}\n    {r['verdict']}")
         elif args.cmd == "plot":
             print(plot(args.file, args.out))
+        elif args.cmd == "table":
+            print(table(args.file, args.metrics.split(",") if args.metrics else None))
+        elif args.cmd == "docs":
+            repo = RESULTS_DIR.parent.parent
+            files = args.files or [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+            for f in render_docs(files):
+                print(f"regenerated tables in {f}")
+        elif args.cmd == "compare":
+            c = compare(args.file, args.metric, *args.arms)
+            print(f"{args.metric}: {c['a']['tag']} median {c['a']['median']} vs {c['b']['tag']} median "
+                  f"{c['b']['median']}: {c['verdict']['text']}")
         elif args.cmd == "rejudge":
             for name, v in rejudge(args.file, args.write).items():
                 print(f"{name}: {v['text']}")

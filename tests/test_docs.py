@@ -1,0 +1,28 @@
+"""Every figure in README and docs is traceable: tables are generated from the artifacts they name
+(``python -m harness results docs``) and must match them; every artifact named exists."""
+
+import re
+from pathlib import Path
+
+from harness.results import TABLE_BEGIN, render_docs
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_generated_tables_match_their_artifacts():
+    stale = render_docs(DOCS, write=False)
+    assert not stale, f"tables drifted from their artifacts in {stale}: run `python -m harness results docs`"
+    assert TABLE_BEGIN in (REPO / "README.md").read_text(), "the README's results are generated tables"
+
+
+def test_every_artifact_named_in_the_docs_exists():
+    named = {m for f in DOCS for m in re.findall(r"[\w.-]+-\d{8}T\d{6}Z\.(?:json|png)", f.read_text())}
+    assert named, "the docs name their artifacts"
+    missing = sorted(n for n in named if not (REPO / "harness" / "results" / n).exists())
+    assert not missing, f"named in README/docs but not in harness/results: {missing}"
+
+
+def test_docs_do_not_point_outside_the_repository():
+    for f in DOCS:
+        assert "../shared" not in f.read_text(), f"{f} points outside the repository"
