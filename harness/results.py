@@ -66,7 +66,8 @@ def table(path: Path, metrics: list[str] | None = None) -> str:
             if row["median"] is None:
                 cells.append("-")
             else:
-                mark = " (1 pass)" if row["n"] == 1 else " (unstable)" if (row["label"] or "").startswith("unstable") else ""
+                unstable = (row["label"] or "").startswith("unstable")
+                mark = " (1 pass)" if row["n"] == 1 else " (unstable)" if unstable else ""
                 cells.append(f"{row['median']:.2f}{mark}")
         lines.append(f"| `{tag}` | " + " | ".join(cells) + " |")
     lines.append("")
