@@ -114,7 +114,7 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
               "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
-              "arch": "not supported", "exists": "exists", "already_quantized": "already quantized",
+              "arch": "architecture BertModel is not a text generation model", "exists": "exists", "already_quantized": "already quantized",
               "null_quant_config": "quantization_config is null",  # C18
               "gptq_quant_config": "quant_method 'gptq'"}[case]
     if case != "missing_dir":
@@ -284,3 +284,51 @@ def test_a_failure_after_start_removes_the_parents_it_made(tmp_path, monkeypatch
         convert(src, dst)
     assert written, "the failure came after tensors were written"
     assert not (tmp_path / "new").exists(), "the output's parents, made by this run, are removed"
+
+
+def test_c16_keeping_one_member_of_a_fused_layer_is_refused_with_its_partners(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(tmp_path / "dst"), "--keep-bf16", "k_proj"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "fused qkv_proj (q_proj + k_proj + v_proj)" in proc.stderr and "missing q_proj, v_proj" in proc.stderr
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.parametrize("keep", [["q_proj", "k_proj", "v_proj"], ["qkv_proj"]])
+def test_c16_keeping_a_whole_fused_layer_by_either_name_keeps_every_member(tmp_path, keep):
+    src = write_checkpoint(tmp_path / "src")
+    convert(src, tmp_path / "dst", keep_bf16=keep)
+    t = _tensors(tmp_path / "dst")
+    for m in ("q_proj", "k_proj", "v_proj"):
+        assert t[f"model.layers.0.self_attn.{m}.weight"].dtype == torch.bfloat16
+        assert f"model.layers.0.self_attn.{m}.qweight" not in t
+    assert "model.layers.0.self_attn.o_proj.qweight" in t
+    qc = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]
+    assert {"q_proj", "k_proj", "v_proj"} <= set(qc["modules_to_not_convert"])
+
+
+def test_an_architecture_vllm_does_not_serve_is_named(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["TotallyNewForCausalLM"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r"TotallyNewForCausalLM.*not one vLLM .* serves"):
+        convert(src, tmp_path / "dst")
+
+
+def test_the_loader_reads_the_group_sizes_recorded_per_module():
+    """group_size_per_module is read back: a member's size for vLLM's fused layer, a recorded size over
+    the preferred one, and members that disagree are refused."""
+    from omni_quant.config import CpuInt4Config
+
+    cfg = CpuInt4Config(group_size=128, group_size_per_module={
+        "model.layers.0.self_attn.q_proj": 32, "model.layers.0.self_attn.k_proj": 32,
+        "model.layers.0.self_attn.v_proj": 32, "model.layers.0.mlp.down_proj": 64,
+        "model.layers.1.self_attn.q_proj": 32, "model.layers.1.self_attn.k_proj": 64})
+    cfg.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert cfg.group_size_for("model.layers.0.self_attn.qkv_proj", 256) == 32
+    assert cfg.group_size_for("model.layers.0.mlp.down_proj", 512) == 64
+    assert cfg.group_size_for("model.layers.0.mlp.up_proj", 256) == 128  # not recorded: the preferred size
+    with pytest.raises(ValueError, match="different group sizes"):
+        cfg.group_size_for("model.layers.1.self_attn.qkv_proj", 256)

