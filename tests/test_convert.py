@@ -114,7 +114,8 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
               "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
-              "arch": "architecture BertModel is not a text generation model", "exists": "exists", "already_quantized": "already quantized",
+              "arch": "architecture BertModel is not a text generation model", "exists": "exists",
+              "already_quantized": "already quantized",
               "null_quant_config": "quantization_config is null",  # C18
               "gptq_quant_config": "quant_method 'gptq'"}[case]
     if case != "missing_dir":
