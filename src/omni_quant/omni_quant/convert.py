@@ -226,6 +226,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     keep, problems = structure.expand_keep(keep)
     if problems:
         raise ConversionError("; ".join(problems))
+    if structure.head_is_embedding and "lm_head" not in keep:
+        keep.append("lm_head")  # vLLM computes its logits with the embedding: the tie stays, in bf16
 
     created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # ours to remove on failure
     try:
@@ -341,7 +343,10 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             "group_size": group_size,
             "keep_bf16": keep,
             "architecture": structure.architecture,
-            "tied_head": {"source_tied": tied, "head_quantized": quantize_head},
+            "tied_head": {"source_tied": tied, "head_quantized": quantize_head,
+                          "why_not": (f"vLLM's {structure.architecture} computes the logits with the input "
+                                      "embedding" if structure.head_is_embedding else
+                                      "--keep-bf16 lm_head" if not quantize_head else None)},
             "bits_per_weight": (8 * sum(r.bytes_out for r in quantized) / n_weights) if n_weights else None,
             "bytes_in": sum(r.bytes_in for r in reports),
             "bytes_out": sum(r.bytes_out for r in reports),

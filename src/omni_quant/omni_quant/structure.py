@@ -36,6 +36,9 @@ class ModelStructure:
     linear: frozenset[str]
     embeddings: frozenset[str]
     fused: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    head_is_embedding: bool = False
+    """vLLM's model computes the logits with the input embedding itself (Gemma, Cohere, MPT: it
+    asserts ``tie_word_embeddings``), so the output head cannot be a separate quantized layer."""
 
     def partners(self, short: str) -> tuple[str, ...] | None:
         """The members of the fused layer ``short`` belongs to (itself included), or None."""
@@ -71,7 +74,7 @@ class ModelStructure:
         return out, sorted(set(problems))
 
 
-def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]]]:
+def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]], bool]:
     from vllm.model_executor.models import ModelRegistry
 
     supported = ModelRegistry.get_supported_archs()
@@ -87,7 +90,12 @@ def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]
                              "(a pooling or encoder model); omni-quant converts generative models")
     cls = ModelRegistry._try_load_model_cls(arch)  # the registry's own lazy loader
     mapping = getattr(cls, "packed_modules_mapping", None) or {}
-    return arch, {k: tuple(v) for k, v in mapping.items()}
+    import inspect
+    import sys
+
+    source = inspect.getsource(sys.modules[cls.__module__])
+    head_is_embedding = "assert config.tie_word_embeddings" in source
+    return arch, {k: tuple(v) for k, v in mapping.items()}, head_is_embedding
 
 
 def _vllm_version() -> str:
@@ -99,6 +107,9 @@ def _vllm_version() -> str:
 def model_structure(src: Path, config: dict) -> ModelStructure:
     """The structure of the checkpoint at ``src`` (its ``config.json`` already read as ``config``).
 
+    ``head_is_embedding`` is read from vLLM's model module: the ones that assert
+    ``tie_word_embeddings`` (vLLM 0.28: ``gemma.py``, ``gemma2.py``, ``commandr.py``, ``mpt.py``).
+
     Raises:
         StructureError: the architecture is not one vLLM serves, or transformers cannot build it.
     """
@@ -108,7 +119,7 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
-    arch, fused = _vllm_architecture(list(archs))
+    arch, fused, head_is_embedding = _vllm_architecture(list(archs))
     try:
         hf_config = AutoConfig.from_pretrained(str(src))
         with torch.device("meta"):
@@ -122,7 +133,7 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     linear = frozenset(name for name, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES)
     embeddings = frozenset(name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
-    return ModelStructure(arch, linear, embeddings, fused)
+    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding)
 
 
 def transformers_version() -> str:
