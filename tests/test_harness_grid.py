@@ -139,10 +139,11 @@ def test_guard_refuses_a_really_busy_core(tmp_path):
         spin.wait()
 
 
-def test_results_list_plot_and_retract(tmp_path):
+def test_results_list_plot_and_retract(tmp_path, monkeypatch):
     ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
     _, art = _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
-    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    monkeypatch.chdir(REPO)  # python -m harness runs from the repository
+    results = [sys.executable, "-m", "harness", "results"]
     out = tmp_path / "out.json"
     png = subprocess.run([*results, "plot", str(out)], capture_output=True, text=True, timeout=120)
     assert png.returncode == 0 and Path(png.stdout.strip()).read_bytes()[:4] == b"\x89PNG"
@@ -162,12 +163,13 @@ def test_results_list_plot_and_retract(tmp_path):
     assert again.returncode == 2 and "already superseded by new.json" in again.stderr
 
 
-def test_supersede_a_retraction_made_before_its_replacement(tmp_path):
+def test_supersede_a_retraction_made_before_its_replacement(tmp_path, monkeypatch):
     ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
     _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)
     old, new = tmp_path / "old.json", tmp_path / "new.json"
     (tmp_path / "out.json").rename(old)
-    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    monkeypatch.chdir(REPO)  # python -m harness runs from the repository
+    results = [sys.executable, "-m", "harness", "results"]
     early = subprocess.run([*results, "supersede", str(old), "--by", "new.json"], capture_output=True, text=True)
     assert early.returncode == 2 and "is not retracted" in early.stderr
     subprocess.run([*results, "retract", str(old), "--reason", "judge bug"], check=True, capture_output=True)
@@ -272,11 +274,12 @@ def test_code_changed_during_a_run_is_labelled(tmp_path, case):
     assert ("git_state_end" in prov) is changed
 
 
-def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
+def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path, monkeypatch):
     fail = "import sys; sys.exit(4)"
     proc, art = _bench(tmp_path, [_arm("x", fail)], passes=2)
     assert proc.returncode == 0 and not any(r["ok"] for r in art["runs"])
-    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    monkeypatch.chdir(REPO)  # python -m harness runs from the repository
+    results = [sys.executable, "-m", "harness", "results"]
     listing = subprocess.run([*results, "list", "--dir", str(tmp_path)], capture_output=True, text=True)
     lines = listing.stdout.splitlines()
     state = lines[lines.index("out.json") + 1]
@@ -289,9 +292,10 @@ def test_results_list_says_no_result_and_plot_names_a_bad_file(tmp_path):
     assert plot.returncode == 2 and str(bad) in plot.stderr and "not JSON" in plot.stderr
 
 
-def test_replacements_must_be_other_published_artifacts_and_bad_rows_do_not_stop_list(tmp_path):
+def test_replacements_must_be_other_published_artifacts_and_bad_rows_do_not_stop_list(tmp_path, monkeypatch):
     ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
-    results = [sys.executable, str(REPO / "harness" / "results.py")]
+    monkeypatch.chdir(REPO)  # python -m harness runs from the repository
+    results = [sys.executable, "-m", "harness", "results"]
     names = []
     for name in ("a.json", "b.json", "c.json"):
         _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=2)

@@ -36,6 +36,7 @@ __all__ = [
     "installed_distributions",
     "installed_extensions",
     "reports",
+    "resolve_model",
 ]
 
 EXTENSION_GROUP = "omni.extensions"
@@ -65,6 +66,9 @@ class Extension:
     activate: Callable[[], None]
     report: Callable[[Any], dict[str, Any]]
     settings: tuple[envs.Setting, ...] = field(default=())
+    resolve_model: Callable[[str], str | None] | None = None
+    """``omni-vllm``: a model argument this extension serves in another form (omni-quant: a
+    ``.gguf`` file -> its cpu_int4 conversion), or None when it is not one of its own."""
 
 
 def _load(ep) -> Extension:
@@ -113,6 +117,17 @@ def installed_distributions() -> dict[str, str | None]:
         if ep.dist is not None:
             dists[ep.dist.name] = ep.dist.version
     return dists
+
+
+def resolve_model(arg: str) -> str:
+    """``arg`` as the first installed extension that knows it resolves it (else unchanged)."""
+    for ep in entry_points(group=EXTENSION_GROUP):
+        ext = _load(ep)
+        if ext.resolve_model is not None:
+            resolved = ext.resolve_model(arg)
+            if resolved is not None:
+                return resolved
+    return arg
 
 
 def declare_installed_settings() -> None:

@@ -49,4 +49,7 @@ def report(worker: Any = None) -> dict[str, Any]:
 
 def extension() -> Extension:
     """omni-quant as an omni extension."""
-    return Extension(name="quant", distribution="omni-quant", activate=register, report=report, settings=SETTINGS)
+    from omni_quant.gguf_cache import resolve_model
+
+    return Extension(name="quant", distribution="omni-quant", activate=register, report=report, settings=SETTINGS,
+                     resolve_model=resolve_model)

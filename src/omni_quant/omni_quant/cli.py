@@ -1,4 +1,8 @@
-"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...] [--format cpu_int4|gptq]``."""
+"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...] [--format cpu_int4|gptq]``.
+
+SRC is a Hugging Face checkpoint directory, or a llama.cpp ``.gguf`` file (converted directly:
+:mod:`omni_quant.gguf_convert`; its 4-bit tensors keep their codes, at group size 32).
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line; exit 2 with a clear message on bad input (nothing written)."""
     ap = argparse.ArgumentParser(prog="omni-quant", description="cpu_int4 tools for vLLM on CPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    c = sub.add_parser("convert", help="convert a bf16 Hugging Face checkpoint to cpu_int4")
+    c = sub.add_parser("convert", help="convert a bf16 Hugging Face checkpoint or a GGUF file to cpu_int4")
     c.add_argument("src")
     c.add_argument("dst")
     c.add_argument("--group-size", type=int, default=128, help="preferred group size: 128 (default), 64 or 32")
@@ -25,15 +29,25 @@ def main(argv: list[str] | None = None) -> int:
     from omni_quant.convert import ConversionError, convert
 
     try:
-        reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format)
+        if args.src.endswith(".gguf"):
+            if args.keep_bf16 or args.format != "cpu_int4" or args.group_size != 128:
+                raise ConversionError("a GGUF file converts at group size 32 to cpu_int4 (its 4-bit blocks); "
+                                      "--group-size, --keep-bf16 and --format apply to checkpoint directories")
+            from omni_quant.gguf_convert import convert_gguf
+
+            reports = convert_gguf(args.src, args.dst)
+        else:
+            reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format)
     except ConversionError as e:
         print(f"omni-quant: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"omni-quant: interrupted; nothing written at {args.dst}", file=sys.stderr)
         return 130
-    q = [r for r in reports if r.action == "quantized"]
-    print(f"quantized {len(q)} tensors (min SQNR {min((r.sqnr_db for r in q), default=float('nan')):.1f} dB), "
+    q = [r for r in reports if r.group_size is not None]
+    dbs = [r.sqnr_db for r in q if r.sqnr_db is not None]
+    print(f"quantized {len(q)} tensors (of them repacked without requantization: "
+          f"{sum(r.action.startswith('repacked') for r in q)}; min SQNR {min(dbs, default=float('nan')):.1f} dB), "
           f"copied {len(reports) - len(q)}; report: {args.dst}/quantization_report.json")
     print(args.dst)
     return 0

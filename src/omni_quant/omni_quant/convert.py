@@ -136,7 +136,9 @@ def _tensor_inventory(src: Path, config: dict) -> dict[str, Path]:
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-class _ShardWriter:
+class ShardWriter:
+    """Tensors into ``model-0000i.safetensors`` shards of at most ``SHARD_BYTES`` and their index."""
+
     def __init__(self, out: Path):
         self.out = out
         self.pending: dict[str, torch.Tensor] = {}
@@ -166,6 +168,75 @@ class _ShardWriter:
         self.flush()
         (self.out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"converter": CONVERTER_VERSION}, "weight_map": self.weight_map}, indent=1))
+
+
+_ShardWriter = ShardWriter  # the name tests patch
+
+
+def write_codes(writer: ShardWriter, module: str, codes: torch.Tensor, scales: torch.Tensor,
+                zeros: torch.Tensor) -> int:
+    """Write one cpu_int4 layer from its codes (uint8 ``[N, K]`` 0..15) and float32/bf16 scales and
+    zeros ``[N, K/g]`` (stored bf16); return the bytes written."""
+    writer.add(f"{module}.qweight", pack(codes.to(torch.uint8)))
+    s, z = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+    writer.add(f"{module}.scales", s)
+    writer.add(f"{module}.zeros", z)
+    return codes.numel() // 2 + s.numel() * 2 + z.numel() * 2
+
+
+def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_size: int) -> tuple[float, int]:
+    """Quantize the float weight ``w`` ``[N, K]`` at ``group_size`` and write it; return (SQNR dB, bytes)."""
+    q, s, z = quantize(w, group_size, torch.bfloat16)
+    db = sqnr_db(w, dequantize(q, s, z, torch.float32))
+    return db, write_codes(writer, module, q, s, z)
+
+
+def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure) -> dict:
+    """The ``quantization_config`` of a cpu_int4 checkpoint: what the loader must build unquantized is
+    the keep list and every linear layer the converter copied, by its full name."""
+    return {
+        "quant_method": "cpu_int4",
+        "bits": 4,
+        "group_size": group_size,
+        "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
+        "format_version": FORMAT_VERSION,
+        "modules_to_not_convert": sorted(set(keep) | {
+            n for n in structure.linear if n not in per_module and n.rsplit(".", 1)[-1] not in keep}),
+        "group_size_per_module": per_module,
+        "converter_version": CONVERTER_VERSION,
+    }
+
+
+def write_report(out: Path, reports: list[TensorReport], **fields) -> dict:
+    """``quantization_report.json``: ``fields``, per-tensor rows, bits per weight over the quantized
+    tensors, bytes in and out, the lowest SQNR. Returns it."""
+    quantized = [r for r in reports if r.group_size is not None]
+    n_weights = sum(r.shape[0] * r.shape[1] for r in quantized)
+    summary = {
+        "converter_version": CONVERTER_VERSION,
+        **fields,
+        "bits_per_weight": (8 * sum(r.bytes_out for r in quantized) / n_weights) if n_weights else None,
+        "bytes_in": sum(r.bytes_in for r in reports),
+        "bytes_out": sum(r.bytes_out for r in reports),
+        "min_sqnr_db": min((r.sqnr_db for r in quantized if r.sqnr_db is not None), default=None),
+        "tensors": [asdict(r) for r in reports],
+    }
+    (out / "quantization_report.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def publish(tmp: Path, dst: Path) -> None:
+    """Make the finished checkpoint readable by every user and move it to ``dst`` in one rename.
+
+    Raises:
+        ConversionError: ``dst`` appeared meanwhile (nothing is written then)."""
+    os.chmod(tmp, 0o755)  # mkdtemp made it private
+    for f in tmp.iterdir():
+        os.chmod(f, 0o644)
+    try:
+        os.rename(tmp, dst)  # fails if dst appeared meanwhile and is not empty
+    except OSError as e:
+        raise ConversionError(f"destination {dst} appeared while converting ({e}); nothing written") from e
 
 
 FORMATS = ("cpu_int4", "gptq")
@@ -238,7 +309,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     try:
         reports: list[TensorReport] = []
         per_module: dict[str, int] = {}
-        writer = _ShardWriter(tmp)
+        writer = ShardWriter(tmp)
         has_head = "lm_head.weight" in names
         modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
         short = {m.split(".")[-1] for m in modules}
@@ -274,13 +345,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                 reports.append(TensorReport(source_name, list(w.shape), "quantized", g, round(db, 2),
                                             w.numel() * w.element_size(), out_bytes))
                 return
-            q, s, z = quantize(w, g, torch.bfloat16)
-            db = sqnr_db(w, dequantize(q, s, z, torch.float32))
-            writer.add(f"{module}.qweight", pack(q))
-            writer.add(f"{module}.scales", s)
-            writer.add(f"{module}.zeros", z)
+            db, out_bytes = write_quantized(writer, module, w, g)
             per_module[module] = g
-            out_bytes = q.numel() // 2 + s.numel() * 2 + z.numel() * 2
             label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
             reports.append(TensorReport(label, list(w.shape), "quantized", g, round(db, 2),
                                         w.numel() * w.element_size(), out_bytes))
@@ -318,49 +384,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         out_config["quantization_config"] = {
             "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
             "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
-        } if fmt == "gptq" else {
-            "quant_method": "cpu_int4",
-            "bits": 4,
-            "group_size": group_size,
-            "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
-            "format_version": FORMAT_VERSION,
-            # what the loader must build unquantized: the keep list, and every linear layer the
-            # converter copied (too small, or named in it) by its full name
-            "modules_to_not_convert": sorted(set(keep) | {
-                n for n in structure.linear if n not in per_module and n.rsplit(".", 1)[-1] not in keep}),
-            "group_size_per_module": per_module,
-            "converter_version": CONVERTER_VERSION,
-        }
+        } if fmt == "gptq" else cpu_int4_config(group_size, keep, per_module, structure)
         (tmp / "config.json").write_text(json.dumps(out_config, indent=2) + "\n")
         for item in src.iterdir():
             if item.is_file() and item.name.startswith(COPIED_FILE_PREFIXES):
                 shutil.copy2(item, tmp / item.name)
-        quantized = [r for r in reports if r.action == "quantized"]
-        n_weights = sum(r.shape[0] * r.shape[1] for r in quantized)
-        summary = {
-            "converter_version": CONVERTER_VERSION,
-            "source": str(src),
-            "group_size": group_size,
-            "keep_bf16": keep,
-            "architecture": structure.architecture,
-            "tied_head": {"source_tied": tied, "head_quantized": quantize_head,
-                          "why_not": (f"vLLM's {structure.architecture} computes the logits with the input "
-                                      "embedding" if structure.head_is_embedding else
-                                      "--keep-bf16 lm_head" if not quantize_head else None)},
-            "bits_per_weight": (8 * sum(r.bytes_out for r in quantized) / n_weights) if n_weights else None,
-            "bytes_in": sum(r.bytes_in for r in reports),
-            "bytes_out": sum(r.bytes_out for r in reports),
-            "min_sqnr_db": min((r.sqnr_db for r in quantized), default=None),
-            "tensors": [asdict(r) for r in reports],
-        }
-        (tmp / "quantization_report.json").write_text(json.dumps(summary, indent=1) + "\n")
-        os.chmod(tmp, 0o755)  # mkdtemp made it private
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        try:
-            os.rename(tmp, dst)  # fails if dst appeared meanwhile and is not empty
-        except OSError as e:
-            raise ConversionError(f"destination {dst} appeared while converting ({e}); nothing written") from e
+        write_report(tmp, reports, source=str(src), group_size=group_size, keep_bf16=keep,
+                     architecture=structure.architecture,
+                     tied_head={"source_tied": tied, "head_quantized": quantize_head,
+                                "why_not": (f"vLLM's {structure.architecture} computes the logits with the input "
+                                            "embedding" if structure.head_is_embedding else
+                                            "--keep-bf16 lm_head" if not quantize_head else None)})
+        publish(tmp, dst)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         for p in created:  # innermost first; only directories this call made, and only if empty

@@ -1,0 +1,200 @@
+"""``omni-quant convert FILE.gguf DST``: a llama.cpp GGUF file straight to cpu_int4.
+
+The config and the tokenizer come from the file as transformers reads them (``gguf_file=``), with
+the file's chat template kept (transformers 5 drops ``tokenizer.chat_template`` on the way: put
+back from the GGUF's metadata). Tensors are matched to the checkpoint names transformers uses
+(``get_gguf_hf_weights_map`` on the model built on the meta device) and then, per tensor:
+
+- a linear layer stored as ``Q4_0``, ``Q4_1`` or ``Q4_K`` is **repacked**: its 4-bit codes are kept
+  bit for bit, at group size 32 (:mod:`omni_quant.gguf_blocks`; the scales and zeros rounded to
+  bf16). llama.cpp's row permutation of Llama's q/k projections is undone on codes, scales and
+  zeros alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
+- any other linear layer (``Q5_x``, ``Q6_K``, ``Q8_0``, ``F16``, ...) is dequantized with the
+  ``gguf`` package and **requantized** to 4 bits at group size 32, as ``omni-quant convert`` does
+  for a bf16 checkpoint;
+- everything else (embeddings, norms, biases) is dequantized and **copied** in bf16.
+
+``quantization_report.json`` says which path each tensor took and its GGUF type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, to_cpu_int4
+
+__all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
+
+GGUF_GROUP_SIZE = GROUP
+
+
+def _reader(path: Path):
+    from omni_quant.convert import ConversionError
+
+    try:
+        from gguf import GGUFReader
+
+        return GGUFReader(str(path))
+    except Exception as exc:  # noqa: BLE001  (a damaged file fails in many ways inside the reader)
+        raise ConversionError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc}); "
+                              "is it complete (compare its size and digest with the source)?") from exc
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode("utf-8") if value.dtype == np.uint8 else value.tolist()
+
+
+def _hf_side(path: Path, reader, out: Path) -> tuple[dict, object]:
+    """Write config.json and the tokenizer files transformers makes of the GGUF into ``out``;
+    return the config dict and the transformers config."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from omni_quant.convert import ConversionError
+
+    try:
+        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except Exception as exc:  # noqa: BLE001
+        raise ConversionError(f"transformers cannot read the model in {path} ({type(exc).__name__}: {exc}); "
+                              f"its architecture is {_field(reader, 'general.architecture')!r}") from exc
+    template = _field(reader, "tokenizer.chat_template")
+    if template and not getattr(tok, "chat_template", None):
+        tok.chat_template = template
+    cfg.torch_dtype = torch.bfloat16
+    cfg.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return json.loads((out / "config.json").read_text()), cfg
+
+
+def _name_map(cfg) -> tuple[dict[str, str], object]:
+    """GGUF tensor name -> transformers name, and transformers' tensor processor for this model."""
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+    )
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    processor = TENSOR_PROCESSORS.get(cfg.model_type, TensorProcessor)(config=cfg.to_dict())
+    return get_gguf_hf_weights_map(model, processor), processor
+
+
+def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list:
+    """Convert the GGUF ``gguf_file`` to a cpu_int4 checkpoint at ``dst``; return the per-tensor report.
+
+    Raises:
+        ConversionError: the file is missing, damaged or of an architecture transformers or vLLM
+            cannot build; a tensor of an unknown type; an existing ``dst``. Nothing is left at
+            ``dst`` (nor any directory this call made) then.
+    """
+    from gguf import GGMLQuantizationType, dequantize
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
+
+    from omni_quant.convert import (
+        ConversionError,
+        ShardWriter,
+        TensorReport,
+        cpu_int4_config,
+        publish,
+        write_codes,
+        write_quantized,
+        write_report,
+    )
+    from omni_quant.structure import StructureError, model_structure
+
+    path, dst = Path(gguf_file), Path(dst)
+    if not path.is_file():
+        raise ConversionError(f"GGUF file {path} does not exist")
+    if dst.exists():
+        raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
+    reader = _reader(path)
+    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        config, cfg = _hf_side(path, reader, tmp)
+        try:
+            structure = model_structure(tmp, config)
+        except StructureError as e:
+            raise ConversionError(str(e)) from e
+        name_map, processor = _name_map(cfg)
+        exact_ok = type(processor) in (TensorProcessor, LlamaTensorProcessor)
+        writer, reports, per_module = ShardWriter(tmp), [], {}
+        tied = not any(t.name == "output.weight" for t in reader.tensors)
+        head_from = None
+        for t in reader.tensors:
+            hf = name_map.get(t.name)
+            if hf is None:
+                raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) has no counterpart in "
+                                      f"transformers' {cfg.model_type} model; not a model this converter knows")
+            kind = GGMLQuantizationType(t.tensor_type).name
+            module = hf.rsplit(".", 1)[0]
+            rows, cols = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (None, None)
+            linear = hf.endswith(".weight") and (module in structure.linear or module == "lm_head")
+            if linear and kind in EXACT_TYPES and exact_ok and cols % GROUP == 0:
+                codes, s, z = to_cpu_int4(np.asarray(t.data), kind, rows, cols)
+                codes, s, z = (processor.process(a, t.name).weights for a in (codes, s, z))  # llama q/k rows
+                out_bytes = write_codes(writer, module,
+                                        *(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, s, z)))
+                per_module[module] = GROUP
+                reports.append(TensorReport(f"{hf} <- {t.name}", [rows, cols], f"repacked from {kind}", GROUP, None,
+                                            int(t.n_bytes), out_bytes))
+                continue
+            try:
+                values = dequantize(np.asarray(t.data), t.tensor_type)
+            except NotImplementedError as e:
+                raise ConversionError(f"{path}: tensor {t.name} is {kind}, which the gguf package cannot "
+                                      f"dequantize ({e})") from e
+            values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
+            w = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
+            if linear:
+                db, out_bytes = write_quantized(writer, module, w, GROUP)
+                per_module[module] = GROUP
+                reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"requantized from {kind}", GROUP,
+                                            round(db, 2), int(t.n_bytes), out_bytes))
+            else:
+                writer.add(hf, w)
+                reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"copied from {kind}", None, None,
+                                            int(t.n_bytes), w.numel() * 2))
+                if tied and hf.endswith("embed_tokens.weight"):
+                    head_from = w
+        if tied and head_from is not None and not structure.head_is_embedding:
+            db, out_bytes = write_quantized(writer, "lm_head", head_from, GROUP)
+            per_module["lm_head"] = GROUP
+            reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape),
+                                        "requantized from the dequantized embedding", GROUP, round(db, 2), 0,
+                                        out_bytes))
+        writer.finish()
+        keep = ["lm_head"] if tied and structure.head_is_embedding else []
+        untie = tied and not structure.head_is_embedding
+        if untie:
+            config["tie_word_embeddings"] = False
+        config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        write_report(tmp, reports, source=str(path), source_format="gguf", group_size=GROUP, keep_bf16=keep,
+                     architecture=structure.architecture,
+                     paths={p: sum(r.action.startswith(p) for r in reports) for p in ("repacked", "requantized",
+                                                                                        "copied")})
+        publish(tmp, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        raise
+    return reports

@@ -1,0 +1,116 @@
+"""GGUF in (#11): the real SmolLM2 GGUF (Q4_1) converts directly, its 4-bit tensors keep their codes,
+the chat template survives, bad files are named; `omni-vllm serve FILE.gguf` converts once and serves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import clean_env
+from omni_quant.convert import ConversionError
+
+OMNI_QUANT = str(Path(sys.executable).with_name("omni-quant"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> Path:
+    from harness.models import gguf_path
+
+    return gguf_path("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def converted(smollm2_gguf, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("gguf") / "smollm2-int4"
+    proc = subprocess.run([OMNI_QUANT, "convert", str(smollm2_gguf), str(out)], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_q4_1_tensors_are_repacked_with_their_codes(smollm2_gguf, converted):
+    from gguf import GGUFReader, dequantize
+    from safetensors.torch import load_file
+
+    from omni_quant.packing import unpack
+
+    report = json.loads((converted / "quantization_report.json").read_text())
+    assert report["source_format"] == "gguf" and report["architecture"] == "LlamaForCausalLM"
+    assert report["paths"]["repacked"] >= 30 * 7, report["paths"]  # every decoder linear of the 30 layers
+    tensors = {}
+    for f in converted.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    reader = GGUFReader(str(smollm2_gguf))
+    t = next(x for x in reader.tensors if x.name == "blk.3.ffn_down.weight")  # not permuted by llama.cpp
+    assert t.tensor_type.name == "Q4_1"
+    want = dequantize(np.asarray(t.data), t.tensor_type)
+    codes = unpack(tensors["model.layers.3.mlp.down_proj.qweight"]).numpy()
+    s = tensors["model.layers.3.mlp.down_proj.scales"].float().numpy()
+    z = tensors["model.layers.3.mlp.down_proj.zeros"].float().numpy()
+    got = (codes.astype(np.float32) - 8) * np.repeat(s, 32, 1) + np.repeat(z, 32, 1)
+    # the codes are llama.cpp's; only the group constants were rounded to bf16 (8 significant bits)
+    err = np.abs(got - want).max() / np.abs(want).max()
+    assert err < 2 ** -7, err
+    q = next(x for x in reader.tensors if x.name == "blk.3.attn_q.weight")  # permuted rows, undone exactly
+    assert q.tensor_type.name == "Q4_1" and "model.layers.3.self_attn.q_proj.qweight" in tensors
+
+
+def test_config_tokenizer_and_chat_template_come_from_the_file(converted):
+    from transformers import AutoTokenizer
+
+    cfg = json.loads((converted / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "cpu_int4" and cfg["num_hidden_layers"] == 30
+    tok = AutoTokenizer.from_pretrained(str(converted))
+    assert tok.chat_template and "im_start" in tok.chat_template
+    text = tok.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True)
+    assert "<|im_start|>user" in text
+
+
+@pytest.mark.parametrize("case", ["truncated", "not_gguf", "missing"])
+def test_bad_gguf_files_are_named_and_nothing_is_written(smollm2_gguf, tmp_path, case):
+    from omni_quant.gguf_convert import convert_gguf
+
+    bad = tmp_path / "bad.gguf"
+    if case == "truncated":
+        bad.write_bytes(smollm2_gguf.read_bytes()[: 5 << 20])
+    elif case == "not_gguf":
+        bad.write_bytes(b"\x00" * 4096)
+    dst = tmp_path / "out" / "dst"
+    with pytest.raises(ConversionError, match="does not exist" if case == "missing" else "not a readable GGUF"):
+        convert_gguf(bad, dst)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.engine
+def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smollm2_gguf, tmp_path):
+    from harness.server_process import free_port, stop_group, wait_healthy
+
+    port, cache = free_port(), tmp_path / "cache"
+    logs = []
+    for attempt in range(2):
+        log = tmp_path / f"serve{attempt}.log"
+        cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(smollm2_gguf), "--enforce-eager",
+               "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, env=clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache)), stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_healthy(proc, f"http://127.0.0.1:{port}/health", 900, log)
+            body = json.dumps({"model": smollm2_gguf.name, "max_tokens": 16, "temperature": 0.0,
+                               "messages": [{"role": "user", "content": "What is the capital of France?"}]}).encode()
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                reply = json.loads(r.read())["choices"][0]["message"]["content"]
+        finally:
+            stop_group(proc)
+        assert reply.strip(), "a chat reply"
+        logs.append(log.read_text())
+    assert "converting" in logs[0] and "to cpu_int4 once" in logs[0]
+    assert "is served from its cpu_int4 conversion" in logs[1] and "to cpu_int4 once" not in logs[1]
