@@ -71,7 +71,14 @@ def _hf_side(path: Path, reader, out: Path) -> tuple[dict, object]:
     template = _field(reader, "tokenizer.chat_template")
     if template and not getattr(tok, "chat_template", None):
         tok.chat_template = template
-    cfg.torch_dtype = torch.bfloat16
+    if not getattr(cfg, "architectures", None):  # a GGUF names its model type, not the class
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(cfg.model_type)
+        if cls is None:
+            raise ConversionError(f"{path}: transformers has no causal LM for model type {cfg.model_type!r}")
+        cfg.architectures = [cls]
+    cfg.dtype = torch.bfloat16
     cfg.save_pretrained(str(out))
     tok.save_pretrained(str(out))
     return json.loads((out / "config.json").read_text()), cfg
