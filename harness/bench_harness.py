@@ -198,12 +198,11 @@ def _validate(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line; see the module docstring for the exit statuses."""
-    ap = argparse.ArgumentParser(prog="bench_harness.py", description=__doc__.split("\n")[0])
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True, type=Path)
     ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--metric", required=True, help="metric(s) to summarize, comma-separated; the first is ranked")
+    ap.add_argument("--metric", required=True, help="metric(s) to summarize and judge, comma-separated")
     ap.add_argument("--cores", required=True, help="cores to pin the arms to, e.g. 0-1")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--check", type=Path, default=None)
@@ -211,19 +210,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-busy", action="store_true")
     ap.add_argument("--max-mean-busy", type=float, default=5.0, help="percent")
     ap.add_argument("--max-core-busy", type=float, default=50.0, help="percent")
-    args = ap.parse_args(argv)
+    return ap
 
-    problem = _validate(args)
-    if problem:
-        print(f"bench_harness: error: {problem}", file=sys.stderr)
-        return 2
-    metric_names = [m for m in args.metric.split(",") if m]
-    metrics = [get_metric(m) for m in metric_names]
-    spec = json.loads(args.spec.read_text())
-    arms = spec["arms"]
-    tags = [a["tag"] for a in arms]
-    cores = parse_cores(args.cores)
 
+def _preflight(args: argparse.Namespace, cores: list[int]) -> tuple[list, list[str], int | None]:
+    """The core guard: (findings, labels, exit status when the run must not start)."""
     checks = [guard.AffinityCheck(), guard.CoreIdleCheck(args.max_mean_busy, args.max_core_busy)]
     findings = guard.run_checks(cores, checks)
     for f in findings:
@@ -233,9 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.allow_busy or any(f.check == "affinity" and f.level == "error" for f in findings):
             print("bench_harness: refusing to run (see guard errors; --allow-busy runs anyway on busy cores)",
                   file=sys.stderr)
-            return 1
+            return findings, labels, 1
         labels.append("BUSY CORES: run with --allow-busy, numbers are suspect")
+    return findings, labels, None
 
+
+def _run_with_provenance(args, spec, cores, labels: list[str]) -> tuple[list, dict]:
+    """The passes, with the code's provenance taken before the first and compared after the last."""
     cache_base = args.out.parent / f"{args.out.stem}.vllm-cache"
     own = (args.out, args.out.with_suffix(args.out.suffix + ".partial"), cache_base)  # what this run writes
     prov = provenance.collect(cores, own)  # before the first pass: the code that runs
@@ -248,10 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         prov["git_state_end"] = end_state
         labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
                       "before the first; the passes may not have run the same code")
+    return runs, prov
 
-    summary, verdicts = judge_runs([r.to_dict() for r in runs], tags, metrics)
+
+def _artifact(args, spec, metric_names, findings, labels, runs, prov) -> dict[str, Any]:
+    """Every metric summarized and judged, in the artifact format ``FORMAT_VERSION``."""
+    metrics = [get_metric(m) for m in metric_names]
+    summary, verdicts = judge_runs([r.to_dict() for r in runs], [a["tag"] for a in spec["arms"]], metrics)
     reported = sorted({k for r in runs for k in r.metrics})
-    unjudged = [k for k in reported if k not in metric_names]
     artifact: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "kind": "bench",
@@ -267,36 +266,58 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "verdict": verdicts[metrics[0].name],
         "verdicts": verdicts,
-        "reported_not_summarized": unjudged,
+        "reported_not_summarized": [k for k in reported if k not in metric_names],
         "provenance": prov,
         "retracted": False,
     }
-    missing = provenance.missing_keys(artifact["provenance"], provenance.KEYS)
+    missing = provenance.missing_keys(prov, provenance.KEYS)
     if missing:
         labels.append(f"provenance incomplete: {missing}")
-    status = 0
     if args.check:
         artifact["check"] = check_expectations(summary, json.loads(args.check.read_text()))
-        status = 3 if artifact["check"]["regression"] else 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(args.out.suffix + ".partial")
-    tmp.write_text(json.dumps(artifact, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    return artifact
 
+
+def _write_atomically(out: Path, artifact: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".partial")
+    tmp.write_text(json.dumps(artifact, indent=1) + "\n")
+    os.replace(tmp, out)
+
+
+def _print_summary(artifact: dict, runs, out: Path) -> None:
     print()
-    print(_table(summary, metric_names))
-    for name, v in verdicts.items():
+    print(_table(artifact["summary"], artifact["metrics"]))
+    for name, v in artifact["verdicts"].items():
         print(f"verdict {name}: {v['text']}")
-    for label in labels:
+    for label in artifact["labels"]:
         print(f"LABEL: {label}")
-    failed = [r for r in runs if not r.ok]
-    for r in failed:
-        print(f"FAILED {r.tag} pass {r.pass_index + 1}: {r.reason}")
-    if args.check:
-        for o in artifact["check"]["outcomes"]:
-            print(f"check {o['metric']} {o['arm']}: {o['status']}")
-    print(f"artifact: {args.out}")
-    return status
+    for r in runs:
+        if not r.ok:
+            print(f"FAILED {r.tag} pass {r.pass_index + 1}: {r.reason}")
+    for o in (artifact.get("check") or {}).get("outcomes", []):
+        print(f"check {o['metric']} {o['arm']}: {o['status']}")
+    print(f"artifact: {out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line; see the module docstring for the exit statuses. Validate everything, guard the
+    cores, run the passes with provenance, judge every metric, write the artifact, print it."""
+    args = _parser().parse_args(argv)
+    problem = _validate(args)
+    if problem:
+        print(f"bench_harness: error: {problem}", file=sys.stderr)
+        return 2
+    spec = json.loads(args.spec.read_text())
+    cores = parse_cores(args.cores)
+    findings, labels, refused = _preflight(args, cores)
+    if refused is not None:
+        return refused
+    runs, prov = _run_with_provenance(args, spec, cores, labels)
+    artifact = _artifact(args, spec, [m for m in args.metric.split(",") if m], findings, labels, runs, prov)
+    _write_atomically(args.out, artifact)
+    _print_summary(artifact, runs, args.out)
+    return 3 if (artifact.get("check") or {}).get("regression") else 0
 
 
 if __name__ == "__main__":
