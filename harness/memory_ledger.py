@@ -121,11 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     model = str(fetch(args.model)) if args.model in MODELS else args.model
     from vllm import LLM
 
-    kwargs: dict[str, Any] = dict(model=model, enforce_eager=args.enforce_eager, max_model_len=args.max_model_len,
-                                  max_num_seqs=4)
-    if args.quantization:
-        kwargs["quantization"] = args.quantization
-    llm = LLM(**kwargs)
+    from harness.engine import EngineRecipe
+
+    llm = LLM(**EngineRecipe.from_args(model, args, max_num_seqs=4).llm_kwargs())
     for w in llm.collective_rpc(ledger):
         print(f"worker {w['pid']}: RssAnon {w['rss_anon'] / MiB:.1f} MiB, tensors resident "
               f"{w['tensor_resident'] / MiB:.1f} MiB, unexplained {w['unexplained'] / MiB:.1f} MiB")

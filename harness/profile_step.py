@@ -72,11 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs: dict[str, Any] = dict(model=model, enforce_eager=args.enforce_eager,
-                                  max_model_len=max(1024, args.prompt_len + args.decode_steps + 8), max_num_seqs=1)
-    if args.quantization:
-        kwargs["quantization"] = args.quantization
-    llm = LLM(**kwargs)
+    from harness.engine import EngineRecipe
+
+    llm = LLM(**EngineRecipe.from_args(model, args, max_num_seqs=1,
+                                       max_model_len=max(1024, args.prompt_len + args.decode_steps + 8)).llm_kwargs())
     prompt = TokensPrompt(prompt_token_ids=[100 + (i * 7919) % 40000 for i in range(args.prompt_len)])
 
     # By module name, not __main__: the worker must keep the profiler in one module's globals.

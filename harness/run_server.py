@@ -75,19 +75,11 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
+    from harness.engine import EngineRecipe
+
     cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", str(args.max_num_seqs),
-           "--max-model-len", str(args.max_model_len), "--seed", "0", "--disable-log-stats"]
-    if args.enforce_eager:
-        cmd.append("--enforce-eager")
-    if args.kv_cache_memory_bytes:
-        cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_memory_bytes)]
-    if args.max_num_batched_tokens:
-        cmd += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
-    if args.quantization:
-        cmd += ["--quantization", args.quantization]
-    if args.inductor_cpp_wrapper:
-        cmd += ["--compilation-config", json.dumps({"inductor_compile_config": {"cpp_wrapper": True}})]
+           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
+           *EngineRecipe.from_args(model, args).serve_args()]
     greedy = {"model": "m", "temperature": 0.0, "ignore_eos": True}
     log.parent.mkdir(parents=True, exist_ok=True)
     launched = time.perf_counter()

@@ -97,16 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs = dict(model=model, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-                  enforce_eager=args.enforce_eager, seed=0)
-    if args.kv_cache_memory_bytes:
-        kwargs["kv_cache_memory_bytes"] = args.kv_cache_memory_bytes
-    if args.quantization:
-        kwargs["quantization"] = args.quantization
-    if args.max_num_batched_tokens:
-        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
-    if args.inductor_cpp_wrapper:
-        kwargs["compilation_config"] = {"inductor_compile_config": {"cpp_wrapper": True}}
+    from harness.engine import EngineRecipe
+
+    kwargs = EngineRecipe.from_args(model, args).llm_kwargs()
     import psutil
 
     launched = psutil.Process().create_time()  # seconds since the epoch
