@@ -88,3 +88,14 @@ def test_each_architecture_converts_with_the_defaults_and_matches_its_reference(
     assert len(got) == len(want) == 2 * (len(PROMPTS[0]) - 1)
     # what differs is the kernels' arithmetic (int8 activations): ~20-40 dB; a wrong layout or mapping gives < 10
     assert sqnr_db(torch.tensor(want), torch.tensor(got)) >= 20.0, (model_type, got[:4], want[:4])
+
+
+@pytest.mark.engine
+def test_c16_a_checkpoint_keeping_a_fused_layer_loads_and_matches(tmp_path):
+    """--keep-bf16 q_proj k_proj v_proj (all members of vLLM's qkv_proj): the engine builds qkv_proj
+    unquantized from the bf16 tensors, the rest in 4 bits, and matches the dequantized reference."""
+    src = _checkpoint("llama", tmp_path / "bf16")
+    convert(src, tmp_path / "int4", keep_bf16=["q_proj", "k_proj", "v_proj"])
+    ref = _dequantized_reference(tmp_path / "int4", tmp_path / "ref")
+    got, want = _teacher_forced(tmp_path / "int4"), _teacher_forced(ref)
+    assert sqnr_db(torch.tensor(want), torch.tensor(got)) >= 20.0
