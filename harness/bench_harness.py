@@ -76,13 +76,24 @@ def _progress(line: str) -> None:
 
 def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: float, cache_base: Path,
              progress=_progress) -> list[PassResult]:
-    """Run every arm ``passes`` times in rotated order; failed passes are kept."""
+    """Run every arm ``passes`` times in rotated order; failed passes are kept.
+
+    An arm whose pass outlived ``timeout_s`` is not started again: its later passes are recorded
+    as failed, naming the pass that timed out (a timeout is the arm's, not the moment's: a rerun
+    costs the whole timeout again and ends the same way)."""
     arms = spec["arms"]
     shared = bool(spec.get("shared_cache", False))
     results: list[PassResult] = []
+    timed_out: dict[str, str] = {}
     for p in range(passes):
         for position, i in enumerate(rotation(len(arms), p)):
             arm = arms[i]
+            if arm["tag"] in timed_out:
+                r = PassResult(arm["tag"], p, position, False, None, 0.0,
+                               f"not run: {timed_out[arm['tag']]}; a rerun would time out the same way")
+                progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']}: FAILED ({r.reason})")
+                results.append(r)
+                continue
             env = {**os.environ, **{k: str(v) for k, v in arm.get("env", {}).items()}}
             if "VLLM_CACHE_ROOT" not in arm.get("env", {}):
                 env["VLLM_CACHE_ROOT"] = str(cache_base / ("shared" if shared else arm["tag"]))
@@ -91,6 +102,8 @@ def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: flo
             progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']}: "
                      + (", ".join(f"{k}={v:g}" for k, v in r.metrics.items()) if r.ok else f"FAILED ({r.reason})"))
             results.append(r)
+            if not r.ok and (r.reason or "").startswith("timeout after"):
+                timed_out[arm["tag"]] = f"pass {p + 1} timed out ({r.reason})"
     return results
 
 

@@ -77,8 +77,9 @@ def test_c10_timeout_kills_the_whole_group_and_the_grid_goes_on(tmp_path):
     assert time.monotonic() - t < 120
     assert proc.returncode == 0
     hung = [r for r in art["runs"] if r["tag"] == "hang"]
-    assert len(hung) == 2 and all("timeout after 3 s" in r["reason"] for r in hung)
-    assert all("hanging now" in r["stderr_tail"] for r in hung)
+    assert len(hung) == 2 and "timeout after 3 s" in hung[0]["reason"] and "hanging now" in hung[0]["stderr_tail"]
+    # not started again: the later pass names the one that timed out
+    assert hung[1]["reason"].startswith("not run: pass 1 timed out (timeout after 3 s")
     child = int(pidfile.read_text())
     time.sleep(0.5)
     assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]
