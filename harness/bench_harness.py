@@ -251,6 +251,11 @@ def _run_with_provenance(args, spec, cores, labels: list[str]) -> tuple[list, di
         labels.append("NO GIT PROVENANCE: git could not describe the tree; the code that ran is not identified "
                       "and changes during the run cannot be detected")
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
+    prov["cpu_speed_probe_end_s"] = provenance.cpu_speed_probe_s()
+    change = 100 * (prov["cpu_speed_probe_end_s"] / prov["cpu_speed_probe_s"] - 1)
+    if abs(change) > provenance.SPEED_CHANGE_PCT:
+        labels.append(f"CPU SPEED CHANGED DURING RUN: a fixed loop took {change:+.0f}% after the last pass than "
+                      "before the first; passes far apart in time may not be comparable")
     end_state = provenance.git_state(own)
     if prov["git_state"] is not None and end_state != prov["git_state"]:
         prov["git_state_end"] = end_state

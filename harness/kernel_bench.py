@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from harness.provenance import collect_cpu, collect_versions
+    from harness.provenance import collect_cpu, collect_versions, cpu_speed_probe_s
 
     unknown = [m for m in args.models.split(",") if m not in SHAPES]
     if unknown:
@@ -288,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     llc = llc_bytes()
+    probe_start = cpu_speed_probe_s()
     samples = []
     results, failed = [], []
     for model in args.models.split(","):
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "read_bandwidth_gbps": ceiling,
         "read_bandwidth_samples_gbps": samples,
+        "cpu_speed_probe_s": [probe_start, cpu_speed_probe_s()],  # before and after: the clock on a shared host
         "llc_bytes": llc,
         "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
         "versions": collect_versions(),

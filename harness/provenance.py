@@ -18,7 +18,26 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARM_KEYS", "KEYS", "checkpoint_fingerprint", "collect", "git_state", "missing_keys"]
+__all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "checkpoint_fingerprint", "collect", "cpu_speed_probe_s",
+           "git_state", "missing_keys"]
+
+SPEED_CHANGE_PCT = 15.0
+"""A probe this much slower or faster after the passes than before labels the artifact: on a shared
+host the clock moves (measured here: the same vector loop 1.65x slower an hour later)."""
+
+
+def cpu_speed_probe_s(repeats: int = 5) -> float:
+    """Best of ``repeats`` timings of a fixed integer loop on one core, seconds (about 0.05 s each)."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        x = 0
+        for i in range(400_000):
+            x = (x + i * 7) & 0xFFFFFFFF
+        best = min(best, time.perf_counter() - t)
+    return best
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,6 +53,8 @@ KEYS: dict[str, str] = {
     "affinity": "list[int]: the harness's own CPU affinity",
     "env": "dict[str, str]: OMP_*, VLLM_*, OMNI_*, LD_PRELOAD of the harness",
     "command": "list[str]: the harness's full command line",
+    "cpu_speed_probe_s": "float: seconds of a fixed single-core integer loop before the first pass (the "
+                         "machine's clock as the passes start; compared after the last)",
 }
 
 ARM_KEYS: dict[str, str] = {
@@ -136,6 +157,7 @@ def collect(cores: list[int], exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
     out.update(collect_cpu(cores))
     out.update(collect_env())
     out["command"] = list(sys.argv)
+    out["cpu_speed_probe_s"] = cpu_speed_probe_s()
     return out
 
 
