@@ -29,12 +29,13 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The six patches, in application order."""
+    """The seven patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.kv_cache import PATCH as KV
+    from omni_patches.patches.modelinfo_cache import PATCH as MODELINFO
     from omni_patches.patches.pipeline_parallel import PATCH as PP
     from omni_patches.patches.release_memory import PATCH as RELEASE
     from omni_patches.patches.sampler_seeds import PATCH as SEEDS
 
-    return [AOT, KV, RELEASE, BATCH, SEEDS, PP]
+    return [AOT, KV, RELEASE, BATCH, SEEDS, PP, MODELINFO]
