@@ -1,4 +1,4 @@
-"""Run one real vLLM engine in this process (as a user script would) and report as JSON.
+"""Run real vLLM engines in this process (as a user script would) and report as JSON.
 
 Usage: ``python tests/engine_probe.py CONFIG_JSON``. CONFIG_JSON has ``llm`` (keyword
 arguments of ``vllm.LLM``), ``prompts`` (strings, or lists of token ids) and
@@ -9,17 +9,22 @@ greedy ``token_ids`` and ``texts`` of each prompt, this process's ``pid``, and
 ``"ledger": true`` the ``harness.memory_ledger`` of each worker, with ``"prompt_logprobs": true``
 ``prompt_logprobs``: per prompt, the log-probability the model gives each prompt token after the
 ones before it (teacher forcing; the first token has none).
+
+``{"runs": [CONFIG, ...]}`` runs one engine after another in this one process (each shut down and
+vLLM's distributed state torn down before the next, as vLLM's own tests do with
+``cleanup_dist_env_and_memory``), and reports ``{"runs": [RESULT, ...]}``: one Python start and
+one ``import vllm`` for many small engines.
 Nothing of omni is imported before the engine exists, so activation happens through
 vLLM's plugin mechanism alone.
 """
 
+import gc
 import json
 import os
 import sys
 
-if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo: harness
-    config = json.loads(sys.argv[1])
+
+def run_one(config):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -56,4 +61,25 @@ if __name__ == "__main__":
         "ledgers": ledgers,
         "prompt_logprobs": teacher,
     }
+    return result, llm
+
+
+def run_many(configs):
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    results = []
+    for config in configs:
+        result, llm = run_one(config)
+        results.append(result)
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+        gc.collect()
+    return {"pid": os.getpid(), "runs": results}
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo: harness
+    config = json.loads(sys.argv[1])
+    result = run_many(config["runs"]) if "runs" in config else run_one(config)[0]
     print("ENGINE_PROBE_RESULT " + json.dumps(result), flush=True)

@@ -67,35 +67,54 @@ def _dequantized_reference(int4: Path, out: Path) -> Path:
     return out
 
 
-def _teacher_forced(model: Path) -> list[float]:
-    config = {"llm": {"model": str(model), "enforce_eager": True, "skip_tokenizer_init": True, "max_model_len": 128,
-                      "max_num_seqs": 2, "kv_cache_memory_bytes": 32 << 20},
-              "prompts": PROMPTS, "max_tokens": 1, "prompt_logprobs": True}
-    run = run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+def _engine_config(model: Path) -> dict:
+    return {"llm": {"model": str(model), "enforce_eager": True, "skip_tokenizer_init": True, "max_model_len": 128,
+                    "max_num_seqs": 2, "kv_cache_memory_bytes": 32 << 20},
+            "prompts": PROMPTS, "max_tokens": 1, "prompt_logprobs": True}
+
+
+def _log_probs(run: dict) -> list[float]:
     return [v for p in run["prompt_logprobs"] for v in p if v is not None]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Every architecture (and the C16 keep list) converted with the defaults and its dequantized
+    reference, then all of them teacher-forced in ONE engine process, one engine after another
+    (tests/engine_probe.py "runs"): 20 small engines, one Python start and one vLLM import."""
+    root = tmp_path_factory.mktemp("archs")
+    cases = {}
+    for name in [*sorted(ARCHS), "c16"]:
+        src = _checkpoint("llama" if name == "c16" else name, root / name / "bf16")
+        keep = ["q_proj", "k_proj", "v_proj"] if name == "c16" else None
+        reports = convert(src, root / name / "int4", keep_bf16=keep)  # otherwise the defaults
+        ref = _dequantized_reference(root / name / "int4", root / name / "ref")
+        cases[name] = {"src": src, "int4": root / name / "int4", "ref": ref, "reports": reports}
+    configs = [_engine_config(c[kind]) for c in cases.values() for kind in ("int4", "ref")]
+    runs = iter(run_engine({"runs": configs}, clean_env(VLLM_PLUGINS="omni"), timeout=1800)["runs"])
+    for case in cases.values():
+        case["got"], case["want"] = _log_probs(next(runs)), _log_probs(next(runs))
+    return cases
 
 
 @pytest.mark.engine
 @pytest.mark.parametrize("model_type", sorted(ARCHS))
-def test_each_architecture_converts_with_the_defaults_and_matches_its_reference(model_type, tmp_path):
-    src = _checkpoint(model_type, tmp_path / "bf16")
-    reports = convert(src, tmp_path / "int4")  # the defaults
-    report = json.loads((tmp_path / "int4" / "quantization_report.json").read_text())
-    assert report["architecture"] == json.loads((src / "config.json").read_text())["architectures"][0]
-    assert sum(r.action == "quantized" for r in reports) >= 2 * 4, "every decoder layer's linears"
-    ref = _dequantized_reference(tmp_path / "int4", tmp_path / "ref")
-    got, want = _teacher_forced(tmp_path / "int4"), _teacher_forced(ref)
+def test_each_architecture_converts_with_the_defaults_and_matches_its_reference(model_type, converted):
+    case = converted[model_type]
+    report = json.loads((case["int4"] / "quantization_report.json").read_text())
+    assert report["architecture"] == json.loads((case["src"] / "config.json").read_text())["architectures"][0]
+    assert sum(r.action == "quantized" for r in case["reports"]) >= 2 * 4, "every decoder layer's linears"
+    got, want = case["got"], case["want"]
     assert len(got) == len(want) == 2 * (len(PROMPTS[0]) - 1)
     # what differs is the kernels' arithmetic (int8 activations): ~20-40 dB; a wrong layout or mapping gives < 10
     assert sqnr_db(torch.tensor(want), torch.tensor(got)) >= 20.0, (model_type, got[:4], want[:4])
 
 
 @pytest.mark.engine
-def test_c16_a_checkpoint_keeping_a_fused_layer_loads_and_matches(tmp_path):
+def test_c16_a_checkpoint_keeping_a_fused_layer_loads_and_matches(converted):
     """--keep-bf16 q_proj k_proj v_proj (all members of vLLM's qkv_proj): the engine builds qkv_proj
     unquantized from the bf16 tensors, the rest in 4 bits, and matches the dequantized reference."""
-    src = _checkpoint("llama", tmp_path / "bf16")
-    convert(src, tmp_path / "int4", keep_bf16=["q_proj", "k_proj", "v_proj"])
-    ref = _dequantized_reference(tmp_path / "int4", tmp_path / "ref")
-    got, want = _teacher_forced(tmp_path / "int4"), _teacher_forced(ref)
-    assert sqnr_db(torch.tensor(want), torch.tensor(got)) >= 20.0
+    case = converted["c16"]
+    assert not any(r.action == "quantized" and r.name.split(".")[-2] in ("q_proj", "k_proj", "v_proj")
+                   for r in case["reports"])
+    assert sqnr_db(torch.tensor(case["want"]), torch.tensor(case["got"])) >= 20.0
