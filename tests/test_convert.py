@@ -60,11 +60,11 @@ def test_c04_tied_head_is_quantized_by_default(tmp_path):
     assert cfg["tie_word_embeddings"] is False
     qc = cfg["quantization_config"]
     assert qc["quant_method"] == "cpu_int4" and qc["bits"] == 4 and qc["modules_to_not_convert"] == []
-    assert qc["converter_version"] and qc["group_size_per_module"]["lm_head"] == 128
+    assert qc["converter_version"] and qc["group_size_per_module"]["lm_head"] == 32  # the default
     report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
     head = [r for r in report["tensors"] if r["name"].startswith("lm_head")][0]
     assert head["action"] == "quantized" and head["sqnr_db"] > 15
-    assert 4.0 < report["bits_per_weight"] < 4.3  # 4 bits + two bf16 per 128 weights
+    assert report["bits_per_weight"] == 5.0  # 4 bits + two bf16 per 32 weights
     assert (tmp_path / "dst" / "tokenizer_config.json").exists()
 
 
@@ -92,7 +92,7 @@ def test_c04_untied_without_lm_head_names_it(tmp_path):
 
 def test_c08_k_not_multiple_of_128_gets_a_recorded_smaller_group(tmp_path):
     src = write_checkpoint(tmp_path / "src", hidden=192, inter=384)  # K=192 = 3 x 64
-    convert(src, tmp_path / "dst")
+    convert(src, tmp_path / "dst", group_size=128)
     per = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]["group_size_per_module"]
     assert per["model.layers.0.self_attn.q_proj"] == 64 and per["model.layers.0.mlp.down_proj"] == 128
 

@@ -91,3 +91,34 @@ def test_reference_linear_is_x_times_dequantized_transpose():
     x = torch.randn(3, 64)
     bias = torch.randn(8)
     torch.testing.assert_close(reference_linear(x, q, s, z, bias), x @ dequantize(q, s, z, torch.float32).T + bias)
+
+
+@pytest.mark.parametrize("g", GROUP_SIZES)
+def test_importance_weighting_lowers_the_weighted_error(g):
+    """A few input channels carry most of the input's energy (as the output head's do): weighting
+    by E[x_k^2] lowers the error of x @ W.T those channels cause, by at least a quarter over 20
+    random matrices (each fit is greedy, so the gain is asserted in aggregate)."""
+    plain = weighted_fit = 0.0
+    for seed in range(20):
+        gen = torch.Generator().manual_seed(seed)
+        n, k = 16, 2 * g
+        w = torch.randn(n, k, generator=gen)
+        importance = torch.ones(k)
+        importance[torch.randperm(k, generator=gen)[:4]] = 200.0
+
+        def weighted(q, s, z, w=w, importance=importance):
+            return float((importance * (dequantize(q, s, z, torch.float32) - w).pow(2)).sum())
+
+        plain += weighted(*quantize(w, g))
+        qi, si, zi = quantize(w, g, importance=importance)
+        weighted_fit += weighted(qi, si, zi)
+        assert int(qi.max()) <= 15 and si.dtype == torch.bfloat16 and si.shape == (n, k // g)
+    assert weighted_fit < 0.75 * plain, (weighted_fit, plain)
+
+
+def test_importance_of_the_wrong_shape_or_negative_is_refused():
+    w = torch.randn(4, 64)
+    with pytest.raises(ValueError, match=r"importance must be \[K=64\]"):
+        quantize(w, 32, importance=torch.ones(32))
+    with pytest.raises(ValueError, match="importance"):
+        quantize(w, 32, importance=-torch.ones(64))

@@ -14,23 +14,25 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     """Command line; exit 2 with a clear message on bad input (nothing written)."""
+    from omni_quant.convert import DEFAULT_GROUP_SIZE, ConversionError, convert
+
     ap = argparse.ArgumentParser(prog="omni-quant", description="cpu_int4 tools for vLLM on CPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert", help="convert a bf16 Hugging Face checkpoint or a GGUF file to cpu_int4")
     c.add_argument("src")
     c.add_argument("dst")
-    c.add_argument("--group-size", type=int, default=128, help="preferred group size: 128 (default), 64 or 32")
+    c.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
+                   help=f"preferred group size: 128, 64 or 32 (default {DEFAULT_GROUP_SIZE})")
     c.add_argument("--keep-bf16", nargs="*", default=[], metavar="NAME",
                    help="modules to leave in bf16, e.g. lm_head or down_proj")
     c.add_argument("--format", default="cpu_int4", choices=("cpu_int4", "gptq"),
                    help="cpu_int4 (default), or gptq: stock vLLM's symmetric GPTQ format, round to nearest "
                         "(a baseline to compare with; the head stays bf16)")
     args = ap.parse_args(argv)
-    from omni_quant.convert import ConversionError, convert
 
     try:
         if args.src.endswith(".gguf"):
-            if args.keep_bf16 or args.format != "cpu_int4" or args.group_size != 128:
+            if args.keep_bf16 or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE:
                 raise ConversionError("a GGUF file converts at group size 32 to cpu_int4 (its 4-bit blocks); "
                                       "--group-size, --keep-bf16 and --format apply to checkpoint directories")
             from omni_quant.gguf_convert import convert_gguf

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from omni_quant.calibration import head_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
 from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
@@ -38,7 +39,8 @@ from omni_quant.structure import StructureError, model_structure
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
-CONVERTER_VERSION = "omni-quant-convert/1"
+CONVERTER_VERSION = "omni-quant-convert/2"  # 2: default group size 32, importance-weighted head
+DEFAULT_GROUP_SIZE = 32
 SHARD_BYTES = 256 << 20
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 COPIED_FILE_PREFIXES = ("tokenizer", "special_tokens_map", "generation_config", "chat_template", "vocab",
@@ -184,9 +186,11 @@ def write_codes(writer: ShardWriter, module: str, codes: torch.Tensor, scales: t
     return codes.numel() // 2 + s.numel() * 2 + z.numel() * 2
 
 
-def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_size: int) -> tuple[float, int]:
-    """Quantize the float weight ``w`` ``[N, K]`` at ``group_size`` and write it; return (SQNR dB, bytes)."""
-    q, s, z = quantize(w, group_size, torch.bfloat16)
+def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_size: int,
+                    importance: torch.Tensor | None = None) -> tuple[float, int]:
+    """Quantize the float weight ``w`` ``[N, K]`` at ``group_size`` (each input channel's error weighted
+    by ``importance`` ``[K]`` when given) and write it; return (SQNR dB, bytes)."""
+    q, s, z = quantize(w, group_size, torch.bfloat16, importance=importance)
     db = sqnr_db(w, dequantize(q, s, z, torch.float32))
     return db, write_codes(writer, module, q, s, z)
 
@@ -242,9 +246,16 @@ def publish(tmp: Path, dst: Path) -> None:
 FORMATS = ("cpu_int4", "gptq")
 
 
-def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size: int = 128,
-            keep_bf16: list[str] | None = None, fmt: str = "cpu_int4") -> list[TensorReport]:
+def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size: int = DEFAULT_GROUP_SIZE,
+            keep_bf16: list[str] | None = None, fmt: str = "cpu_int4",
+            weighted_head: bool = True) -> list[TensorReport]:
     """Convert ``src`` to a cpu_int4 checkpoint at ``dst``; returns the per-tensor report.
+
+    The default recipe: every linear layer 4-bit at group size 32 (5.0 bits per weight with the
+    bf16 scale and zero of each group), the output head's rounding weighted by what its input
+    carries (:func:`omni_quant.calibration.head_input_importance`; skipped, and the report says
+    why, when the model cannot run here; ``weighted_head=False`` leaves it unweighted). Its
+    measured fidelity: docs/cpu_int4.md, the recipe table, each row from its artifact.
 
     ``fmt="gptq"`` writes stock vLLM's GPTQ format instead (:mod:`omni_quant.gptq`: symmetric
     round to nearest, one group size for every layer, the output head kept in bf16 as GPTQ
@@ -322,6 +333,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                 f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
                 "lm_head.weight; the output head is missing (a truncated or mislabelled checkpoint)")
         quantize_head = "lm_head" not in keep
+        head_importance, head_importance_how = (None, "none: the head is not quantized")
+        if not weighted_head:
+            head_importance_how = "none: weighted_head=False"
+        elif quantize_head and fmt == "cpu_int4":
+            head_importance, head_importance_how = head_input_importance(src)
 
         def emit_quantized(module: str, w: torch.Tensor, source_name: str) -> None:
             if w.dtype not in FLOAT_DTYPES:
@@ -345,7 +361,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                 reports.append(TensorReport(source_name, list(w.shape), "quantized", g, round(db, 2),
                                             w.numel() * w.element_size(), out_bytes))
                 return
-            db, out_bytes = write_quantized(writer, module, w, g)
+            imp = head_importance if module == "lm_head" else None
+            if imp is not None and imp.numel() != w.shape[1]:
+                raise ConversionError(f"{source_name}: the head's input has {imp.numel()} channels in the model "
+                                      f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
+            db, out_bytes = write_quantized(writer, module, w, g, imp)
             per_module[module] = g
             label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
             reports.append(TensorReport(label, list(w.shape), "quantized", g, round(db, 2),
@@ -390,7 +410,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             if item.is_file() and item.name.startswith(COPIED_FILE_PREFIXES):
                 shutil.copy2(item, tmp / item.name)
         write_report(tmp, reports, source=str(src), group_size=group_size, keep_bf16=keep,
-                     architecture=structure.architecture,
+                     architecture=structure.architecture, head_importance=head_importance_how,
                      tied_head={"source_tied": tied, "head_quantized": quantize_head,
                                 "why_not": (f"vLLM's {structure.architecture} computes the logits with the input "
                                             "embedding" if structure.head_is_embedding else

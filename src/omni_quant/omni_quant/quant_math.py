@@ -54,7 +54,8 @@ def choose_group_size(k: int, preferred: int, name: str = "tensor") -> int:
     )
 
 
-def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16, refine_steps: int = 3):
+def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat16, refine_steps: int = 3,
+             importance: torch.Tensor | None = None):
     """Quantize ``w`` ``[N, K]`` per group; returns ``(q uint8 [N, K], scales, zeros)``.
 
     Starts from the min/max grid above, then refines each group ``refine_steps`` times by
@@ -67,8 +68,16 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     ``scales``/``zeros`` are ``[N, K // group_size]`` in ``dtype``; codes are computed against
     the *rounded* scale and zero so that dequantization reproduces what was measured.
 
+    ``importance`` (float ``[K]``, >= 0; e.g. the mean squared activation of each input channel,
+    :mod:`omni_quant.calibration`) weights each input channel's squared error: the regression
+    becomes weighted least squares, and the starting grid is also tried clipped to 95, 90, 85 and
+    80 % of the group's range, keeping per group the fit with the smallest weighted error. The
+    error of ``x @ W.T`` is what this minimizes when the weights are E[x_k^2] (the diagonal of
+    llama.cpp's importance matrix, ``imatrix``, and of AWQ's activation-aware scaling).
+
     Raises:
-        ValueError: ``w`` is not 2-D, or ``K`` is not a multiple of ``group_size``.
+        ValueError: ``w`` is not 2-D, ``K`` is not a multiple of ``group_size``, or
+            ``importance`` is not ``[K]``, finite and non-negative.
     """
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight [N, K], got shape {tuple(w.shape)}")
@@ -76,26 +85,59 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     if k % group_size:
         raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
     wg = w.detach().float().reshape(n, k // group_size, group_size)
-    lo = wg.amin(dim=-1)
-    hi = wg.amax(dim=-1)
-    scale = (hi - lo) / 15.0
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    if importance is None:
+        weight = torch.ones(1, 1, group_size)
+        clips = (1.0,)
+    else:
+        importance = importance.detach().float().flatten()
+        if importance.numel() != k or not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+            raise ValueError(f"importance must be [K={k}] finite and >= 0, got {tuple(importance.shape)}")
+        weight = (importance / importance.mean().clamp_min(1e-30)).clamp_min(1e-6).reshape(1, k // group_size,
+                                                                                           group_size)
+        clips = (1.0, 0.95, 0.9, 0.85, 0.8)
+    lo_full = wg.amin(dim=-1)
+    hi_full = wg.amax(dim=-1)
 
     def codes_and_error(scale: torch.Tensor, offset: torch.Tensor):
         # offset = value of code 0; stored as zero = offset + 8 * scale (code 8's value)
         s_r = scale.to(dtype).float()
         z_r = (offset + 8.0 * scale).to(dtype).float()
         q = torch.clamp(torch.round((wg - z_r.unsqueeze(-1)) / s_r.unsqueeze(-1) + 8.0), 0, 15)
-        err = ((q - 8.0) * s_r.unsqueeze(-1) + z_r.unsqueeze(-1) - wg).pow(2).sum(-1)
+        err = (weight * ((q - 8.0) * s_r.unsqueeze(-1) + z_r.unsqueeze(-1) - wg).pow(2)).sum(-1)
         return q, err
 
+    best = None
+    for clip in clips:
+        if clip == 1.0:
+            lo, hi = lo_full, hi_full
+        else:
+            mid, half = (hi_full + lo_full) / 2, (hi_full - lo_full) / 2 * clip
+            lo, hi = mid - half, mid + half
+        cand = _refine(wg, weight, lo, hi, refine_steps, codes_and_error)
+        if best is None:
+            best = cand
+        else:
+            better = cand[3] < best[3]
+            best = tuple(torch.where(better.unsqueeze(-1) if c.dim() == 3 else better, c, b)
+                         for c, b in zip(cand, best, strict=True))
+    q, scale, offset, _ = best
+    scale_s = scale.to(dtype)
+    zero_s = (offset + 8.0 * scale).to(dtype)
+    return q.to(torch.uint8).reshape(n, k), scale_s, zero_s
+
+
+def _refine(wg, weight, lo, hi, refine_steps, codes_and_error):
+    """The min/max grid from ``lo``..``hi`` refined by (weighted) least squares; ``(q, scale, offset, err)``."""
+    scale = (hi - lo) / 15.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     offset = lo
     q, err = codes_and_error(scale, offset)
+    wsum = weight.sum(-1)
     for _ in range(refine_steps):
-        qm = q.mean(-1, keepdim=True)
-        wm = wg.mean(-1, keepdim=True)
-        var = (q - qm).pow(2).sum(-1)
-        cov = ((q - qm) * (wg - wm)).sum(-1)
+        qm = (weight * q).sum(-1, keepdim=True) / wsum.unsqueeze(-1)
+        wm = (weight * wg).sum(-1, keepdim=True) / wsum.unsqueeze(-1)
+        var = (weight * (q - qm).pow(2)).sum(-1)
+        cov = (weight * (q - qm) * (wg - wm)).sum(-1)
         ok = var > 0
         new_scale = torch.where(ok, cov / torch.where(ok, var, torch.ones_like(var)), scale)
         new_scale = torch.where(new_scale > 0, new_scale, scale)
@@ -106,9 +148,7 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
         offset = torch.where(better, new_offset, offset)
         q = torch.where(better.unsqueeze(-1), q2, q)
         err = torch.where(better, err2, err)
-    scale_s = scale.to(dtype)
-    zero_s = (offset + 8.0 * scale).to(dtype)
-    return q.to(torch.uint8).reshape(n, k), scale_s, zero_s
+    return q, scale, offset, err
 
 
 def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype: torch.dtype = torch.bfloat16):

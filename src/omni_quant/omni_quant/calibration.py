@@ -1,0 +1,99 @@
+"""What the output head sees: per-input-channel importance from a short calibration text.
+
+The output head turns the final hidden state into the logits that pick every token, and its
+input, the final norm's output, is far from uniform: a few channels carry most of the energy.
+:func:`head_input_importance` runs the bf16 model once over :data:`CALIBRATION_TEXT`
+(transformers, CPU) and returns E[x_k^2] per input channel of the head, which
+:func:`omni_quant.quant_math.quantize` uses to weight each channel's rounding error (the
+diagonal of llama.cpp's ``imatrix``; AWQ, Lin et al. 2023, scales by the same statistic).
+
+The text is omni's own, mixed prose, code, dialogue and numbers, and shares nothing with
+``harness/data/fidelity_prompts.json``, which measures the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+__all__ = ["CALIBRATION_TEXT", "MIN_TOKENS", "head_input_importance"]
+
+MIN_TOKENS = 64
+"""Fewer calibration tokens than this: no usable tokenizer (a real one gives hundreds); no weighting."""
+
+logger = logging.getLogger("omni_quant.calibration")
+
+CALIBRATION_TEXT = [
+    "The lighthouse keeper wrote in his log every evening: the wind from the north-west, the swell "
+    "rising after dusk, two fishing boats returning late with their lamps lit. In winter the supply "
+    "ship came once a month, and he counted the days by the oil left in the great lamp.",
+    "def merge_intervals(intervals):\n    intervals.sort(key=lambda pair: pair[0])\n    merged = []\n"
+    "    for start, end in intervals:\n        if merged and start <= merged[-1][1]:\n"
+    "            merged[-1][1] = max(merged[-1][1], end)\n        else:\n            merged.append([start, end])\n"
+    "    return merged\n",
+    "Customer: Hi, my order arrived but the charger is missing.\nAgent: I'm sorry about that. Could "
+    "you give me the order number?\nCustomer: It's 48-1170-36.\nAgent: Thanks. I've sent a "
+    "replacement; it should arrive within three working days.",
+    "Quarterly revenue rose 7.4% to 312 million euros, while operating costs fell from 205 to 198 "
+    "million. The board proposed a dividend of 0.85 per share, payable on 14 May.",
+    "SELECT city, COUNT(*) AS stations FROM weather_stations WHERE elevation_m > 1500 GROUP BY city "
+    "ORDER BY stations DESC LIMIT 10;",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen. The light reactions "
+    "take place in the thylakoid membranes; the Calvin cycle fixes carbon in the stroma.",
+    "La gare était presque vide. Un chat traversa le quai, puis le dernier train de la nuit partit "
+    "vers la côte, lentement, sous la pluie.",
+    "To replace a bicycle inner tube: release the brake, remove the wheel, lever one side of the tyre "
+    "off the rim, pull out the old tube, check the tyre for thorns, then fit the new tube slightly "
+    "inflated and work the tyre back on with your thumbs.",
+]
+
+
+def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
+    """E[x_k^2] of the output head's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
+
+    Returns ``(importance, how)``: ``importance`` float32 ``[hidden_size]`` (or None when the model
+    cannot run here: no tokenizer in ``src``, or transformers cannot build it), and ``how``, one
+    line for the quantization report (token count, or why there is none). Loads the whole model
+    in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(src))
+    except (OSError, ValueError, TypeError) as e:
+        return None, f"none: no tokenizer in {src} ({type(e).__name__})"
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+    except (OSError, ValueError, TypeError, RuntimeError, KeyError) as e:
+        return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
+    model.eval()
+    head = model.get_output_embeddings()
+    total: list[torch.Tensor] = []
+    count = 0
+
+    def grab(_module, args):
+        nonlocal count
+        x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+        total.append(x.pow(2).sum(0))
+        count += x.shape[0]
+
+    hook = head.register_forward_pre_hook(grab)
+    try:
+        with torch.inference_mode():
+            for text in CALIBRATION_TEXT:
+                ids = tok(text, return_tensors="pt")["input_ids"]
+                if ids.numel():
+                    model(input_ids=ids, logits_to_keep=0)
+    except Exception as e:  # the weighting is an improvement, never a reason to fail a conversion
+        return None, f"none: the calibration forward failed ({type(e).__name__}: {str(e)[:120]})"
+    finally:
+        hook.remove()
+    if count < MIN_TOKENS:  # e.g. a tokenizer transformers builds from the config alone, with no vocabulary
+        return None, (f"none: the tokenizer of {src} turns the calibration text into {count} tokens "
+                      f"(fewer than {MIN_TOKENS}: no usable tokenizer)")
+    importance = torch.stack(total).sum(0) / count
+    del model
+    logger.info("omni-quant: output head importance from %d calibration tokens", count)
+    return importance, f"E[x^2] per input channel over {count} calibration tokens (omni_quant.calibration)"

@@ -1,0 +1,28 @@
+"""The output head's input importance (omni_quant.calibration) and the default recipe that uses it."""
+
+import json
+
+import torch
+from test_convert import write_checkpoint
+
+from omni_quant.calibration import head_input_importance
+from omni_quant.convert import DEFAULT_GROUP_SIZE, convert
+
+
+def test_importance_of_the_real_models_head_input(real_model):
+    importance, how = head_input_importance(real_model)
+    assert importance.shape == (576,) and importance.dtype == torch.float32  # SmolLM2-135M hidden size
+    assert bool(torch.isfinite(importance).all()) and float(importance.min()) >= 0
+    assert float(importance.max() / importance.mean()) > 10, "a few channels carry most of the energy"
+    tokens = int(how.split(" over ")[1].split()[0])
+    assert tokens >= 200, how
+
+
+def test_a_checkpoint_without_tokenizer_converts_with_an_unweighted_head_and_says_why(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    importance, how = head_input_importance(src)
+    assert importance is None and how.startswith("none: no tokenizer")
+    convert(src, tmp_path / "dst")
+    report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
+    assert report["head_importance"] == how
+    assert report["group_size"] == DEFAULT_GROUP_SIZE == 32
