@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 from test_convert import write_checkpoint
 
@@ -26,3 +27,24 @@ def test_a_checkpoint_without_tokenizer_converts_with_an_unweighted_head_and_say
     report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
     assert report["head_importance"] == how
     assert report["group_size"] == DEFAULT_GROUP_SIZE == 32
+
+
+def test_a_tensor_shaped_against_its_config_is_refused_and_nothing_is_written(tmp_path):
+    """transformers finds the contradiction while building the model for calibration: exit 2 material."""
+    from omni_quant.convert import ConversionError
+
+    src = write_checkpoint(tmp_path / "src", extra={"model.norm.weight": torch.ones(127)})  # hidden is 128
+    with pytest.raises(ConversionError, match="contradicts config.json"):
+        convert(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists() and not list(tmp_path.glob(".dst.partial-*"))
+
+
+def test_a_weight_holding_nan_is_refused_by_name(tmp_path):
+    from omni_quant.convert import ConversionError
+
+    bad = torch.randn(256, 128) * 0.05
+    bad[3, 7] = float("nan")
+    src = write_checkpoint(tmp_path / "src", extra={"model.layers.0.mlp.up_proj.weight": bad})
+    with pytest.raises(ConversionError, match=r"model\.layers\.0\.mlp\.up_proj\.weight: holds NaN"):
+        convert(src, tmp_path / "dst")
+    assert not (tmp_path / "dst").exists()

@@ -18,7 +18,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CALIBRATION_TEXT", "MIN_TOKENS", "head_input_importance"]
+__all__ = ["CALIBRATION_TEXT", "MIN_TOKENS", "CalibrationError", "head_input_importance"]
+
+
+class CalibrationError(ValueError):
+    """The checkpoint contradicts its own config (a tensor's shape), found while building the model."""
 
 MIN_TOKENS = 64
 """Fewer calibration tokens than this: no usable tokenizer (a real one gives hundreds); no weighting."""
@@ -57,17 +61,26 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
     cannot run here: no tokenizer in ``src``, or transformers cannot build it), and ``how``, one
     line for the quantization report (token count, or why there is none). Loads the whole model
     in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
+
+    Raises:
+        CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+    except RuntimeError as e:
+        if "size mismatch" in str(e) or "ignore_mismatched_sizes" in str(e):
+            first = next((ln.strip() for ln in str(e).splitlines() if "mismatch" in ln.lower()), str(e)[:200])
+            raise CalibrationError(f"{src}: a tensor's shape contradicts config.json ({first[:200]}); "
+                                   "the checkpoint is damaged or its config belongs to another model") from e
+        return None, f"none: transformers cannot build the model (RuntimeError: {str(e)[:120]})"
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
+    try:
         tok = AutoTokenizer.from_pretrained(str(src))
     except (OSError, ValueError, TypeError) as e:
         return None, f"none: no tokenizer in {src} ({type(e).__name__})"
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
-    except (OSError, ValueError, TypeError, RuntimeError, KeyError) as e:
-        return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
     model.eval()
     head = model.get_output_embeddings()
     total: list[torch.Tensor] = []

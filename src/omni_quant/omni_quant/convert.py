@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from omni_quant.calibration import head_input_importance
+from omni_quant.calibration import CalibrationError, head_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
 from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
@@ -337,13 +337,19 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         if not weighted_head:
             head_importance_how = "none: weighted_head=False"
         elif quantize_head and fmt == "cpu_int4":
-            head_importance, head_importance_how = head_input_importance(src)
+            try:
+                head_importance, head_importance_how = head_input_importance(src)
+            except CalibrationError as e:
+                raise ConversionError(str(e)) from e
 
         def emit_quantized(module: str, w: torch.Tensor, source_name: str) -> None:
             if w.dtype not in FLOAT_DTYPES:
                 raise ConversionError(f"{source_name}: dtype {w.dtype} is not supported (bf16, fp16, fp32)")
             if w.dim() != 2:
                 raise ConversionError(f"{source_name}: expected a 2-D weight, got shape {tuple(w.shape)}")
+            if not bool(torch.isfinite(w).all()):
+                raise ConversionError(f"{source_name}: holds NaN or infinite values; the checkpoint is damaged "
+                                      "(re-download it, or convert the checkpoint it was made from)")
             try:
                 g = choose_group_size(w.shape[1], group_size, module)
             except GroupSizeError as e:

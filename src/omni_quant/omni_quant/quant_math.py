@@ -89,9 +89,11 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
         weight = torch.ones(1, 1, group_size)
         clips = (1.0,)
     else:
-        importance = importance.detach().float().flatten()
-        if importance.numel() != k or not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
-            raise ValueError(f"importance must be [K={k}] finite and >= 0, got {tuple(importance.shape)}")
+        importance = torch.as_tensor(importance).detach().float().flatten()
+        if importance.numel() != k:
+            raise ValueError(f"importance must be [K={k}], got {tuple(importance.shape)}")
+        if not bool(torch.isfinite(importance).all()) or bool((importance < 0).any()):
+            raise ValueError("importance must be finite and >= 0; it holds NaN, inf or negative values")
         weight = (importance / importance.mean().clamp_min(1e-30)).clamp_min(1e-6).reshape(1, k // group_size,
                                                                                            group_size)
         clips = (1.0, 0.95, 0.9, 0.85, 0.8)
