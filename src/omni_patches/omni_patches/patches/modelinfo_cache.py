@@ -8,7 +8,7 @@ at ``vllm/model_executor/models/<name>.py``; the Transformers modeling backend i
 (``models/transformers/__init__.py``), so the file never exists, nothing is cached, and every
 start of an architecture served through that backend (Olmo2, Starcoder2 and the other
 ``("transformers", "TransformersForCausalLM")`` entries) pays a subprocess that imports vLLM
-again: 13.7 s on two cores (vLLM's own "Registry inspect model class" log line).
+again (vLLM's own "Registry inspect model class" log line gives the duration).
 ``_get_modelinfo_module_hash`` already hashes every file of a package given its
 ``__init__.py``; the replacement hands it that path for package modules and keeps vLLM's
 cache format, so the second start reads the cache. Single-file modules go to vLLM unchanged.
