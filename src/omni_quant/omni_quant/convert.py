@@ -35,7 +35,7 @@ from omni_quant.calibration import CalibrationError, head_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
 from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
-from omni_quant.structure import StructureError, model_structure
+from omni_quant.structure import ModelStructure, StructureError, model_structure
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
@@ -267,9 +267,35 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             a keep list naming part of a fused layer, or a K no supported group size divides.
             ``dst`` does not exist afterwards then.
     """
-    from safetensors import SafetensorError, safe_open
-
     src, dst = Path(src), Path(dst)
+    keep = _check_request(src, dst, fmt, group_size, keep_bf16)
+    config = _read_config(src)
+    names = _tensor_inventory(src, config)  # before anything is written
+    plan = _plan(src, config, names, keep)
+    tmp, created = _partial_dir(dst)
+    try:
+        importance, importance_how = _importance(src, plan, fmt, weighted_head)
+        writer = ShardWriter(tmp)
+        reports, per_module = _write_tensors(writer, plan, names, fmt, group_size, importance)
+        writer.finish()
+        _write_config(tmp, config, plan, fmt, group_size, per_module)
+        _copy_side_files(src, tmp)
+        write_report(tmp, reports, source=str(src), group_size=group_size, keep_bf16=plan.keep,
+                     architecture=plan.structure.architecture, head_importance=importance_how,
+                     tied_head=plan.tied_head_report())
+        publish(tmp, dst)
+    except BaseException:
+        _discard(tmp, created)
+        raise
+    return reports
+
+
+def _check_request(src: Path, dst: Path, fmt: str, group_size: int, keep_bf16: list[str] | None) -> list[str]:
+    """The arguments on their own: format, group size, source and destination paths; the keep list.
+
+    Raises:
+        ConversionError: an unknown format or group size, no source directory, an existing
+            ``dst`` or one inside ``src``."""
     keep = list(keep_bf16 or [])
     if fmt not in FORMATS:
         raise ConversionError(f"--format {fmt} is not one of {FORMATS}")
@@ -283,6 +309,14 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
     if dst.resolve().is_relative_to(src.resolve()):
         raise ConversionError(f"destination {dst} is inside the source {src}; choose a path outside it")
+    return keep
+
+
+def _read_config(src: Path) -> dict:
+    """``src/config.json`` as a dict, refusing an already quantized checkpoint (C18).
+
+    Raises:
+        ConversionError: missing, unreadable or not an object; holds a ``quantization_config``."""
     cfg_path = src / "config.json"
     try:
         config = json.loads(cfg_path.read_text())
@@ -299,8 +333,39 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
             f"{cfg_path}: quantization_config is {json.dumps(qc) if not isinstance(qc, dict) else 'present'}"
             f" (quant_method {method!r}): {src} is already quantized or its config is damaged; "
             "convert a bf16/fp16/fp32 checkpoint whose config.json has no quantization_config")
-    names = _tensor_inventory(src, config)  # before anything is written
-    tied = bool(config.get("tie_word_embeddings", False))
+    return config
+
+
+@dataclass
+class _Plan:
+    """What the conversion will do, decided before anything is written."""
+
+    src: Path
+    structure: ModelStructure
+    keep: list[str]  # expanded keep list (fused partners, lm_head when it stays bf16)
+    tied: bool  # config.json's tie_word_embeddings
+    has_head: bool  # the checkpoint carries lm_head.weight
+    quantize_head: bool
+
+    def quantizes(self, name: str) -> bool:
+        """Whether checkpoint tensor ``name`` is the weight of a linear layer the recipe quantizes."""
+        module = name.rsplit(".", 1)[0]
+        linear = name.endswith(".weight") and (module in self.structure.linear or module == "lm_head")
+        return linear and module.split(".")[-1] not in self.keep and module not in self.keep
+
+    def tied_head_report(self) -> dict:
+        """The report's ``tied_head`` entry: was the head tied, is it quantized, and if not why."""
+        why = (f"vLLM's {self.structure.architecture} computes the logits with the input embedding"
+               if self.structure.head_is_embedding else "--keep-bf16 lm_head" if not self.quantize_head else None)
+        return {"source_tied": self.tied, "head_quantized": self.quantize_head, "why_not": why}
+
+
+def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _Plan:
+    """Read the model's structure and settle the keep list and the output head.
+
+    Raises:
+        ConversionError: an architecture vLLM cannot build, a keep list naming part of a fused
+            layer or no module, an untied config without ``lm_head.weight``."""
     try:
         structure = model_structure(src, config)
     except StructureError as e:
@@ -310,124 +375,155 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError("; ".join(problems))
     if structure.head_is_embedding and "lm_head" not in keep:
         keep.append("lm_head")  # vLLM computes its logits with the embedding: the tie stays, in bf16
+    modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
+    short = {m.split(".")[-1] for m in modules}
+    unknown = [k for k in keep if k not in modules and k not in short]
+    if unknown:
+        raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no module of {src} "
+                              f"(e.g. {', '.join(sorted(short)[:8])})")
+    tied, has_head = bool(config.get("tie_word_embeddings", False)), "lm_head.weight" in names
+    if not tied and not has_head:
+        raise ConversionError(
+            f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
+            "lm_head.weight; the output head is missing (a truncated or mislabelled checkpoint)")
+    return _Plan(src, structure, keep, tied, has_head, quantize_head="lm_head" not in keep)
 
-    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]  # ours to remove on failure
+
+def _partial_dir(dst: Path) -> tuple[Path, list[Path]]:
+    """A private temporary directory beside ``dst``, and the parents this call created (to remove on failure).
+
+    Raises:
+        ConversionError: the directory cannot be created."""
+    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+        return Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent)), created
     except OSError as e:
         raise ConversionError(f"cannot create the output beside {dst}: {e}") from e
+
+
+def _discard(tmp: Path, created: list[Path]) -> None:
+    """Remove the partial output and the parents :func:`_partial_dir` created, innermost first, if empty."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    for p in created:
+        try:
+            p.rmdir()
+        except OSError:
+            break
+
+
+def _importance(src: Path, plan: _Plan, fmt: str, weighted_head: bool) -> tuple[dict[str, torch.Tensor], str]:
+    """Per-input-channel importance ``[K]`` by module name for the recipe's weighted rounding, and the
+    report's one line on where it came from (or why there is none).
+
+    Raises:
+        ConversionError: the calibration model contradicts the checkpoint (:class:`CalibrationError`)."""
+    if not weighted_head:
+        return {}, "none: weighted_head=False"
+    if not plan.quantize_head or fmt != "cpu_int4":
+        return {}, "none: the head is not quantized"
     try:
-        reports: list[TensorReport] = []
-        per_module: dict[str, int] = {}
-        writer = ShardWriter(tmp)
-        has_head = "lm_head.weight" in names
-        modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
-        short = {m.split(".")[-1] for m in modules}
-        unknown = [k for k in keep if k not in modules and k not in short]
-        if unknown:
-            raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no module of {src} "
-                                  f"(e.g. {', '.join(sorted(short)[:8])})")
-        if not tied and not has_head:
-            raise ConversionError(
-                f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
-                "lm_head.weight; the output head is missing (a truncated or mislabelled checkpoint)")
-        quantize_head = "lm_head" not in keep
-        head_importance, head_importance_how = (None, "none: the head is not quantized")
-        if not weighted_head:
-            head_importance_how = "none: weighted_head=False"
-        elif quantize_head and fmt == "cpu_int4":
-            try:
-                head_importance, head_importance_how = head_input_importance(src)
-            except CalibrationError as e:
-                raise ConversionError(str(e)) from e
+        head, how = head_input_importance(src)
+    except CalibrationError as e:
+        raise ConversionError(str(e)) from e
+    return ({"lm_head": head} if head is not None else {}), how
 
-        def emit_quantized(module: str, w: torch.Tensor, source_name: str) -> None:
-            if w.dtype not in FLOAT_DTYPES:
-                raise ConversionError(f"{source_name}: dtype {w.dtype} is not supported (bf16, fp16, fp32)")
-            if w.dim() != 2:
-                raise ConversionError(f"{source_name}: expected a 2-D weight, got shape {tuple(w.shape)}")
-            if not bool(torch.isfinite(w).all()):
-                raise ConversionError(f"{source_name}: holds NaN or infinite values; the checkpoint is damaged "
-                                      "(re-download it, or convert the checkpoint it was made from)")
-            try:
-                g = choose_group_size(w.shape[1], group_size, module)
-            except GroupSizeError as e:
-                raise ConversionError(str(e)) from e
-            if fmt == "gptq":
-                if g != group_size or w.shape[0] % 8:
-                    raise ConversionError(f"{source_name}: shape {tuple(w.shape)} does not fit GPTQ's single group "
-                                          f"size {group_size} (and N % 8); choose a --group-size dividing every K")
-                qs, ss = quantize_sym(w, g)
-                for suffix, t in pack_gptq(qs, ss, g).items():
-                    writer.add(f"{module}.{suffix}", t)
-                db = sqnr_db(w, dequantize_sym(qs, ss))
-                per_module[module] = g
-                out_bytes = qs.numel() // 2 + ss.numel() * 2 * 2 + w.shape[1] * 4
-                reports.append(TensorReport(source_name, list(w.shape), "quantized", g, round(db, 2),
-                                            w.numel() * w.element_size(), out_bytes))
-                return
-            imp = head_importance if module == "lm_head" else None
-            if imp is not None and imp.numel() != w.shape[1]:
-                raise ConversionError(f"{source_name}: the head's input has {imp.numel()} channels in the model "
-                                      f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
-            db, out_bytes = write_quantized(writer, module, w, g, imp)
-            per_module[module] = g
-            label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
-            reports.append(TensorReport(label, list(w.shape), "quantized", g, round(db, 2),
-                                        w.numel() * w.element_size(), out_bytes))
 
-        for name, path in sorted(names.items()):
-            with safe_open(str(path), framework="pt") as f:
-                try:
-                    t = f.get_tensor(name)
-                except (SafetensorError, OSError, ValueError) as e:
-                    raise ConversionError(f"{path}: tensor {name} cannot be read: {e}") from e
-            module = name.rsplit(".", 1)[0]
-            if name == "lm_head.weight" and tied and not quantize_head:
-                continue  # tied and kept in bf16: vLLM ties it to the embedding
-            quantizable = name.endswith(".weight") and (module in structure.linear or module == "lm_head")
-            if quantizable and module.split(".")[-1] not in keep and module not in keep:
-                emit_quantized(module, t, name)
-            else:
-                if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
-                    raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
-                writer.add(name, t)
-                nbytes = t.numel() * t.element_size()
-                reports.append(TensorReport(name, list(t.shape), "copied", None, None, nbytes, nbytes))
-            del t
-        if tied and quantize_head and not has_head:
-            embed = next((n for n in names if n.endswith("embed_tokens.weight")), None)
-            if embed is None:
-                raise ConversionError(f"{src}: tied config but no embed_tokens.weight to build lm_head from")
-            with safe_open(str(names[embed]), framework="pt") as f:
-                emit_quantized("lm_head", f.get_tensor(embed), embed)
-        writer.finish()
+def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt: str, group_size: int,
+                   importance: dict[str, torch.Tensor]) -> tuple[list[TensorReport], dict[str, int]]:
+    """Every tensor of the checkpoint, in name order, quantized or copied into ``writer``; then the
+    quantized ``lm_head`` of a tied model, built from its embedding. Returns the report rows and the
+    group size of every quantized module.
 
-        out_config = dict(config)
-        if tied and quantize_head:
-            out_config["tie_word_embeddings"] = False
-        out_config["quantization_config"] = {
-            "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
-            "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
-        } if fmt == "gptq" else cpu_int4_config(group_size, keep, per_module, structure)
-        (tmp / "config.json").write_text(json.dumps(out_config, indent=2) + "\n")
-        for item in src.iterdir():
-            if item.is_file() and item.name.startswith(COPIED_FILE_PREFIXES):
-                shutil.copy2(item, tmp / item.name)
-        write_report(tmp, reports, source=str(src), group_size=group_size, keep_bf16=keep,
-                     architecture=structure.architecture, head_importance=head_importance_how,
-                     tied_head={"source_tied": tied, "head_quantized": quantize_head,
-                                "why_not": (f"vLLM's {structure.architecture} computes the logits with the input "
-                                            "embedding" if structure.head_is_embedding else
-                                            "--keep-bf16 lm_head" if not quantize_head else None)})
-        publish(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in created:  # innermost first; only directories this call made, and only if empty
+    Raises:
+        ConversionError: an unreadable tensor, an unsupported dtype, a NaN/inf or non-2-D weight,
+            a K no group size divides, a shape GPTQ's format cannot hold."""
+    from safetensors import SafetensorError, safe_open
+
+    reports: list[TensorReport] = []
+    per_module: dict[str, int] = {}
+    for name, path in sorted(names.items()):
+        with safe_open(str(path), framework="pt") as f:
             try:
-                p.rmdir()
-            except OSError:
-                break
-        raise
-    return reports
+                t = f.get_tensor(name)
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ConversionError(f"{path}: tensor {name} cannot be read: {e}") from e
+        if name == "lm_head.weight" and plan.tied and not plan.quantize_head:
+            continue  # tied and kept in bf16: vLLM ties it to the embedding
+        module = name.rsplit(".", 1)[0]
+        if plan.quantizes(name):
+            reports.append(_quantize_one(writer, module, t, name, fmt, group_size, importance.get(module)))
+            per_module[module] = reports[-1].group_size
+        else:
+            if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
+                raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
+            writer.add(name, t)
+            nbytes = t.numel() * t.element_size()
+            reports.append(TensorReport(name, list(t.shape), "copied", None, None, nbytes, nbytes))
+        del t
+    if plan.tied and plan.quantize_head and not plan.has_head:
+        embed = next((n for n in names if n.endswith("embed_tokens.weight")), None)
+        if embed is None:
+            raise ConversionError(f"{plan.src}: tied config but no embed_tokens.weight to build lm_head from")
+        with safe_open(str(names[embed]), framework="pt") as f:
+            w = f.get_tensor(embed)
+        reports.append(_quantize_one(writer, "lm_head", w, embed, fmt, group_size, importance.get("lm_head")))
+        per_module["lm_head"] = reports[-1].group_size
+    return reports, per_module
+
+
+def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name: str, fmt: str,
+                  group_size: int, importance: torch.Tensor | None) -> TensorReport:
+    """Quantize one weight ``[N, K]`` (float) of ``module`` into ``writer`` in ``fmt``; its report row.
+
+    Raises:
+        ConversionError: see :func:`_write_tensors`."""
+    if w.dtype not in FLOAT_DTYPES:
+        raise ConversionError(f"{source_name}: dtype {w.dtype} is not supported (bf16, fp16, fp32)")
+    if w.dim() != 2:
+        raise ConversionError(f"{source_name}: expected a 2-D weight, got shape {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()):
+        raise ConversionError(f"{source_name}: holds NaN or infinite values; the checkpoint is damaged "
+                              "(re-download it, or convert the checkpoint it was made from)")
+    try:
+        g = choose_group_size(w.shape[1], group_size, module)
+    except GroupSizeError as e:
+        raise ConversionError(str(e)) from e
+    bytes_in = w.numel() * w.element_size()
+    if fmt == "gptq":
+        if g != group_size or w.shape[0] % 8:
+            raise ConversionError(f"{source_name}: shape {tuple(w.shape)} does not fit GPTQ's single group "
+                                  f"size {group_size} (and N % 8); choose a --group-size dividing every K")
+        qs, ss = quantize_sym(w, g)
+        for suffix, t in pack_gptq(qs, ss, g).items():
+            writer.add(f"{module}.{suffix}", t)
+        out_bytes = qs.numel() // 2 + ss.numel() * 2 * 2 + w.shape[1] * 4
+        return TensorReport(source_name, list(w.shape), "quantized", g, round(sqnr_db(w, dequantize_sym(qs, ss)), 2),
+                            bytes_in, out_bytes)
+    if importance is not None and importance.numel() != w.shape[1]:
+        raise ConversionError(f"{source_name}: the layer's input has {importance.numel()} channels in the model "
+                              f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
+    db, out_bytes = write_quantized(writer, module, w, g, importance)
+    label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
+    return TensorReport(label, list(w.shape), "quantized", g, round(db, 2), bytes_in, out_bytes)
+
+
+def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: int,
+                  per_module: dict[str, int]) -> None:
+    """``config.json`` of the output: the source's, untied when the head was quantized, with the
+    ``quantization_config`` of ``fmt``."""
+    out = dict(config)
+    if plan.tied and plan.quantize_head:
+        out["tie_word_embeddings"] = False
+    out["quantization_config"] = {
+        "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
+        "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
+    } if fmt == "gptq" else cpu_int4_config(group_size, plan.keep, per_module, plan.structure)
+    (tmp / "config.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+def _copy_side_files(src: Path, tmp: Path) -> None:
+    """The tokenizer and generation files of ``src`` (:data:`COPIED_FILE_PREFIXES`), unchanged."""
+    for item in src.iterdir():
+        if item.is_file() and item.name.startswith(COPIED_FILE_PREFIXES):
+            shutil.copy2(item, tmp / item.name)
