@@ -370,10 +370,10 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
     try:
-        # The registry's checkpoints keep the recipe their published artifacts measured (converter 1:
-        # unweighted head); the weighted head is the user default of `omni-quant convert` since converter 2.
+        # The registry's checkpoints keep the recipe their published artifacts measured (q4: unweighted
+        # rounding at the registry's group size); `omni-quant convert` users get the default recipe.
         convert(base_dir, tmp / "ckpt", group_size=spec.group_size or 128, fmt=spec.quantization or "cpu_int4",
-                weighted_head=False)
+                recipe="q4")
         (tmp / "ckpt" / MANIFEST).write_text(json.dumps({
             "format_version": MANIFEST_FORMAT, "name": spec.name, "dtype": spec.quantization,
             "source": {"path": str(base_dir), "sha256": base_sha, "derived_from": spec.base,

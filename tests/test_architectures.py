@@ -14,7 +14,7 @@ import torch
 from conftest import clean_env, run_engine
 from omni_quant.convert import convert
 from omni_quant.packing import unpack
-from omni_quant.quant_math import dequantize, sqnr_db
+from omni_quant.quant_math import dequantize, dequantize_int8, sqnr_db
 
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=512, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
@@ -31,6 +31,8 @@ ARCHS = {
     "olmo2": ({"tie_word_embeddings": False}, "post-norms"),
     "starcoder2": ({"tie_word_embeddings": True, "use_bias": True}, "biases everywhere, GELU MLP (c_fc/c_proj)"),
 }
+RECIPE_CASES = {"q8-qwen2": ("qwen2", "q8"), "q4-head8-llama": ("llama", "q4-head8")}
+# 8-bit layers: every linear of an untied model with q/k/v biases; the head of a tied one (from its embedding)
 PROMPTS = [[1, 17, 42, 99, 7, 300, 5, 5, 5, 12, 400, 33], [1, 250, 3, 8, 8, 91, 77, 2, 450, 6, 19, 301]]
 
 
@@ -57,7 +59,10 @@ def _dequantized_reference(int4: Path, out: Path) -> Path:
         if name.endswith(".qweight"):
             m = name[: -len(".qweight")]
             out_t[f"{m}.weight"] = dequantize(unpack(t), tensors[f"{m}.scales"], tensors[f"{m}.zeros"], torch.bfloat16)
-        elif not name.endswith((".scales", ".zeros")):
+        elif name.endswith(".qweight8"):
+            m = name[: -len(".qweight8")]
+            out_t[f"{m}.weight"] = dequantize_int8(t, tensors[f"{m}.scales8"], torch.bfloat16)
+        elif not name.endswith((".scales", ".zeros", ".scales8")):
             out_t[name] = t
     out.mkdir()
     save_file(out_t, str(out / "model.safetensors"))
@@ -84,10 +89,11 @@ def converted(tmp_path_factory):
     (tests/engine_probe.py "runs"): 20 small engines, one Python start and one vLLM import."""
     root = tmp_path_factory.mktemp("archs")
     cases = {}
-    for name in [*sorted(ARCHS), "c16"]:
-        src = _checkpoint("llama" if name == "c16" else name, root / name / "bf16")
+    for name in [*sorted(ARCHS), "c16", *RECIPE_CASES]:
+        arch, recipe = RECIPE_CASES.get(name, ("llama" if name == "c16" else name, "default"))
+        src = _checkpoint(arch, root / name / "bf16")
         keep = ["q_proj", "k_proj", "v_proj"] if name == "c16" else None
-        reports = convert(src, root / name / "int4", keep_bf16=keep)  # otherwise the defaults
+        reports = convert(src, root / name / "int4", keep_bf16=keep, recipe=recipe)  # otherwise the defaults
         ref = _dequantized_reference(root / name / "int4", root / name / "ref")
         cases[name] = {"src": src, "int4": root / name / "int4", "ref": ref, "reports": reports}
     configs = [_engine_config(c[kind]) for c in cases.values() for kind in ("int4", "ref")]
@@ -117,4 +123,22 @@ def test_c16_a_checkpoint_keeping_a_fused_layer_loads_and_matches(converted):
     case = converted["c16"]
     assert not any(r.action == "quantized" and r.name.split(".")[-2] in ("q_proj", "k_proj", "v_proj")
                    for r in case["reports"])
+    assert sqnr_db(torch.tensor(case["want"]), torch.tensor(case["got"])) >= 20.0
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", sorted(RECIPE_CASES))
+def test_8_bit_layers_of_a_recipe_load_and_match_their_reference(name, converted):
+    """--recipe q8 / q4-head8: the 8-bit layers are written as such (format version 2), vLLM builds them
+    with omni's 8-bit method (torch's _weight_int8pack_mm), and the engine matches the dequantized reference."""
+    case = converted[name]
+    _, recipe = RECIPE_CASES[name]
+    qc = json.loads((case["int4"] / "config.json").read_text())["quantization_config"]
+    eight = {r.name.split(" <- ")[0].rsplit(".", 1)[0] for r in case["reports"] if r.bits == 8}
+    four = [r for r in case["reports"] if r.bits == 4]
+    assert qc["format_version"] == 2 and qc["recipe"] == recipe and set(qc["bits_per_module"]) == eight
+    if recipe == "q8":
+        assert not four and len(eight) == 2 * 7 + 1, "every linear of both layers and the head"
+    else:
+        assert eight == {"lm_head"} and len(four) == 2 * 7
     assert sqnr_db(torch.tensor(case["want"]), torch.tensor(case["got"])) >= 20.0

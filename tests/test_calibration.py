@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_convert import write_checkpoint
 
-from omni_quant.calibration import head_input_importance
+from omni_quant.calibration import head_input_importance, linear_input_importance
 from omni_quant.convert import DEFAULT_GROUP_SIZE, convert
 
 
@@ -19,13 +19,23 @@ def test_importance_of_the_real_models_head_input(real_model):
     assert tokens >= 200, how
 
 
+def test_every_linear_layer_of_the_real_model_gets_its_inputs_importance(real_model):
+    found, how = linear_input_importance(real_model)
+    assert len(found) == 30 * 7 + 1, "q, k, v, o, gate, up, down of 30 layers, and the head"
+    assert found["model.layers.0.mlp.down_proj"].shape == (1536,)  # down's input is the FFN width
+    assert found["model.layers.29.self_attn.q_proj"].shape == (576,)
+    assert torch.equal(found["model.layers.3.self_attn.q_proj"], found["model.layers.3.self_attn.k_proj"])
+    assert all(bool(torch.isfinite(v).all()) and float(v.min()) >= 0 for v in found.values())
+    assert "211 linear layers" in how
+
+
 def test_a_checkpoint_without_tokenizer_converts_with_an_unweighted_head_and_says_why(tmp_path):
     src = write_checkpoint(tmp_path / "src")
     importance, how = head_input_importance(src)
     assert importance is None and how.startswith("none: no tokenizer")
     convert(src, tmp_path / "dst")
     report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
-    assert report["head_importance"] == how
+    assert report["importance"] == how
     assert report["group_size"] == DEFAULT_GROUP_SIZE == 32
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CALIBRATION_TEXT", "MIN_TOKENS", "CalibrationError", "head_input_importance"]
+__all__ = ["CALIBRATION_TEXT", "MIN_TOKENS", "CalibrationError", "head_input_importance", "linear_input_importance"]
 
 
 class CalibrationError(ValueError):
@@ -55,12 +55,26 @@ CALIBRATION_TEXT = [
 
 
 def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
-    """E[x_k^2] of the output head's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
+    """E[x_k^2] of the output head's input: :func:`linear_input_importance`'s ``"lm_head"`` entry.
 
-    Returns ``(importance, how)``: ``importance`` float32 ``[hidden_size]`` (or None when the model
-    cannot run here: no tokenizer in ``src``, or transformers cannot build it), and ``how``, one
-    line for the quantization report (token count, or why there is none). Loads the whole model
-    in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
+    Returns ``(importance float32 [hidden_size] or None, how)``.
+
+    Raises:
+        CalibrationError: see :func:`linear_input_importance`.
+    """
+    found, how = linear_input_importance(src)
+    return (found.get("lm_head") if found is not None else None), how
+
+
+def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """E[x_k^2] of every linear layer's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
+
+    Returns ``(importance, how)``: ``importance`` maps each ``torch.nn.Linear`` of the model as
+    transformers builds it, by module name (the checkpoint's names, e.g.
+    ``model.layers.0.mlp.down_proj``; the output head as ``"lm_head"``), to float32 ``[in_features]``;
+    None when the model cannot run here (no tokenizer in ``src``, or transformers cannot build it).
+    ``how`` is one line for the quantization report (token count, or why there is none). Loads the
+    whole model in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
 
     Raises:
         CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``.
@@ -83,16 +97,18 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
         return None, f"none: no tokenizer in {src} ({type(e).__name__})"
     model.eval()
     head = model.get_output_embeddings()
-    total: list[torch.Tensor] = []
-    count = 0
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
 
-    def grab(_module, args):
-        nonlocal count
-        x = args[0].detach().float().reshape(-1, args[0].shape[-1])
-        total.append(x.pow(2).sum(0))
-        count += x.shape[0]
+    def grab(name):
+        def hook(_module, args):
+            x = args[0].detach().float().reshape(-1, args[0].shape[-1])
+            sums[name] = sums.get(name, 0) + x.pow(2).sum(0)
+            counts[name] = counts.get(name, 0) + x.shape[0]
+        return hook
 
-    hook = head.register_forward_pre_hook(grab)
+    hooks = [m.register_forward_pre_hook(grab("lm_head" if m is head else name))
+             for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) or m is head]
     try:
         with torch.inference_mode():
             for text in CALIBRATION_TEXT:
@@ -102,11 +118,14 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
     except Exception as e:  # the weighting is an improvement, never a reason to fail a conversion
         return None, f"none: the calibration forward failed ({type(e).__name__}: {str(e)[:120]})"
     finally:
-        hook.remove()
+        for h in hooks:
+            h.remove()
+    count = counts.get("lm_head", 0)
     if count < MIN_TOKENS:  # e.g. a tokenizer transformers builds from the config alone, with no vocabulary
         return None, (f"none: the tokenizer of {src} turns the calibration text into {count} tokens "
                       f"(fewer than {MIN_TOKENS}: no usable tokenizer)")
-    importance = torch.stack(total).sum(0) / count
+    importance = {name: total / counts[name] for name, total in sums.items()}
     del model
-    logger.info("omni-quant: output head importance from %d calibration tokens", count)
-    return importance, f"E[x^2] per input channel over {count} calibration tokens (omni_quant.calibration)"
+    logger.info("omni-quant: input importance of %d linear layers from %d calibration tokens", len(importance), count)
+    return importance, (f"E[x^2] per input channel of {len(importance)} linear layers over {count} calibration "
+                        "tokens (omni_quant.calibration)")

@@ -1,4 +1,4 @@
-"""``omni-quant convert SRC DST [--group-size N] [--keep-bf16 NAME ...] [--format cpu_int4|gptq]``.
+"""``omni-quant convert SRC DST [--recipe NAME] [--group-size N] [--keep-bf16 NAME ...] [--format cpu_int4|gptq]``.
 
 SRC is a Hugging Face checkpoint directory, or a llama.cpp ``.gguf`` file (converted directly:
 :mod:`omni_quant.gguf_convert`; its 4-bit tensors keep their codes, at group size 32).
@@ -15,12 +15,15 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Command line; exit 2 with a clear message on bad input (nothing written)."""
     from omni_quant.convert import DEFAULT_GROUP_SIZE, ConversionError, convert
+    from omni_quant.recipes import DEFAULT_RECIPE, RECIPES
 
     ap = argparse.ArgumentParser(prog="omni-quant", description="cpu_int4 tools for vLLM on CPU")
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("convert", help="convert a bf16 Hugging Face checkpoint or a GGUF file to cpu_int4")
     c.add_argument("src")
     c.add_argument("dst")
+    c.add_argument("--recipe", default=DEFAULT_RECIPE, choices=tuple(RECIPES),
+                   help="; ".join(f"{r.name}: {r.summary}" for r in RECIPES.values()) + f" (default {DEFAULT_RECIPE})")
     c.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
                    help=f"preferred group size: 128, 64 or 32 (default {DEFAULT_GROUP_SIZE})")
     c.add_argument("--keep-bf16", nargs="*", default=[], metavar="NAME",
@@ -32,14 +35,16 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.src.endswith(".gguf"):
-            if args.keep_bf16 or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE:
+            if (args.keep_bf16 or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE
+                    or args.recipe != DEFAULT_RECIPE):
                 raise ConversionError("a GGUF file converts at group size 32 to cpu_int4 (its 4-bit blocks); "
-                                      "--group-size, --keep-bf16 and --format apply to checkpoint directories")
+                                      "--recipe, --group-size, --keep-bf16 and --format apply to checkpoint "
+                                      "directories")
             from omni_quant.gguf_convert import convert_gguf
 
             reports = convert_gguf(args.src, args.dst)
         else:
-            reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format)
+            reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format, args.recipe)
     except ConversionError as e:
         print(f"omni-quant: error: {e}", file=sys.stderr)
         return 2

@@ -31,8 +31,9 @@ from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightP
 
 from omni_quant import native
 from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
+from omni_quant.linear_int8 import CpuInt8LinearMethod
 from omni_quant.ops import cpu_int4_linear
-from omni_quant.packing import FORMAT_VERSION, PackFormat, unpack
+from omni_quant.packing import FORMAT_VERSION, READABLE_FORMAT_VERSIONS, PackFormat, unpack
 from omni_quant.quant_math import GROUP_SIZES, choose_group_size
 
 __all__ = ["QUANT_METHOD", "CpuInt4Config", "CpuInt4LinearMethod"]
@@ -66,22 +67,37 @@ class CpuInt4Config(QuantizationConfig):
         group_size: preferred group size (128, 64 or 32); each module uses the largest
             supported size <= it that divides its K (recorded per module by the converter).
         modules_to_not_convert: module names kept in bf16 (e.g. ``lm_head``).
-        format_version: the packing format version (``omni_quant.packing.FORMAT_VERSION``).
+        format_version: the packing format version (``omni_quant.packing.READABLE_FORMAT_VERSIONS``).
+        group_size_per_module: the group size the converter used for each 4-bit module.
+        bits: the width of a module not named in ``bits_per_module``, 4 or 8 (8-bit weight-only:
+            :mod:`omni_quant.linear_int8`).
+        bits_per_module: module name -> 4 or 8, as the converter's recipe chose.
+
+    Raises:
+        ValueError: an unsupported group size, width or format version (the message says what to do).
     """
 
     def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
-                 format_version: int = FORMAT_VERSION, group_size_per_module: dict[str, int] | None = None):
+                 format_version: int = FORMAT_VERSION, group_size_per_module: dict[str, int] | None = None,
+                 bits: int = 4, bits_per_module: dict[str, int] | None = None):
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(f"cpu_int4: group_size {group_size} is not one of {GROUP_SIZES}")
-        if format_version != FORMAT_VERSION:
+        if format_version not in READABLE_FORMAT_VERSIONS:
             raise ValueError(
                 f"cpu_int4: checkpoint format_version {format_version}, this omni-quant reads "
-                f"{FORMAT_VERSION}; re-convert with `omni-quant convert` or upgrade omni-quant"
+                f"{READABLE_FORMAT_VERSIONS}; re-convert with `omni-quant convert` or upgrade omni-quant"
             )
+        widths = {bits, *(bits_per_module or {}).values()}
+        if not widths <= {4, 8}:
+            raise ValueError(f"cpu_int4 supports 4- and 8-bit modules, the checkpoint says {sorted(widths)}")
+        if widths != {4} and format_version < 2:
+            raise ValueError("cpu_int4: 8-bit modules need format_version 2; the checkpoint's config is inconsistent")
         self.group_size = group_size
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.group_size_per_module = dict(group_size_per_module or {})
+        self.bits = bits
+        self.bits_per_module = dict(bits_per_module or {})
 
     def __repr__(self) -> str:
         return f"CpuInt4Config(group_size={self.group_size}, modules_to_not_convert={self.modules_to_not_convert})"
@@ -102,9 +118,6 @@ class CpuInt4Config(QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> CpuInt4Config:
-        bits = config.get("bits", 4)
-        if bits != 4:
-            raise ValueError(f"cpu_int4 supports bits=4 only, the checkpoint says bits={bits}")
         fmt = config.get("pack_format", PackFormat.NIBBLES_LOW_FIRST.value)
         if fmt != PackFormat.NIBBLES_LOW_FIRST.value:
             raise ValueError(f"cpu_int4: unknown pack_format {fmt!r}")
@@ -113,6 +126,8 @@ class CpuInt4Config(QuantizationConfig):
             modules_to_not_convert=config.get("modules_to_not_convert"),
             format_version=config.get("format_version", FORMAT_VERSION),
             group_size_per_module=config.get("group_size_per_module"),
+            bits=config.get("bits", 4),
+            bits_per_module=config.get("bits_per_module"),
         )
 
     def _skipped(self, prefix: str) -> bool:
@@ -147,11 +162,32 @@ class CpuInt4Config(QuantizationConfig):
             return sizes.pop()
         return choose_group_size(input_size, self.group_size, prefix or "linear")
 
+    def bits_for(self, prefix: str) -> int:
+        """The width (4 or 8) the converter recorded for vLLM's layer ``prefix`` (a fused layer: its
+        members', which must agree), else the checkpoint's ``bits``.
+
+        Raises:
+            ValueError: the members of a fused layer were converted at different widths.
+        """
+        recorded = self.bits_per_module
+        if prefix in recorded:
+            return int(recorded[prefix])
+        proj = prefix.rsplit(".", 1)[-1]
+        members = self.packed_modules_mapping.get(proj, ())
+        widths = {int(recorded.get(prefix[: len(prefix) - len(proj)] + m, self.bits)) for m in members}
+        if len(widths) > 1:
+            raise ValueError(f"cpu_int4: the members {list(members)} of {prefix} were converted at different "
+                             f"widths {sorted(widths)}; re-convert with one recipe for them")
+        return widths.pop() if widths else self.bits
+
+    def _method(self, prefix: str):
+        return CpuInt8LinearMethod(prefix) if self.bits_for(prefix) == 8 else CpuInt4LinearMethod(self, prefix)
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
         if isinstance(layer, ParallelLMHead):
-            return None if self._skipped(prefix) else CpuInt4LinearMethod(self, prefix)
+            return None if self._skipped(prefix) else self._method(prefix)
         if isinstance(layer, LinearBase):
-            return UnquantizedLinearMethod() if self._skipped(prefix) else CpuInt4LinearMethod(self, prefix)
+            return UnquantizedLinearMethod() if self._skipped(prefix) else self._method(prefix)
         return None
 
 

@@ -31,15 +31,25 @@ from pathlib import Path
 
 import torch
 
-from omni_quant.calibration import CalibrationError, head_input_importance
+from omni_quant.calibration import CalibrationError, linear_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
-from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
-from omni_quant.quant_math import GROUP_SIZES, GroupSizeError, choose_group_size, dequantize, quantize, sqnr_db
+from omni_quant.packing import PackFormat, format_version_for, pack
+from omni_quant.quant_math import (
+    GROUP_SIZES,
+    GroupSizeError,
+    choose_group_size,
+    dequantize,
+    dequantize_int8,
+    quantize,
+    quantize_int8,
+    sqnr_db,
+)
+from omni_quant.recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from omni_quant.structure import ModelStructure, StructureError, model_structure
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
-CONVERTER_VERSION = "omni-quant-convert/2"  # 2: default group size 32, importance-weighted head
+CONVERTER_VERSION = "omni-quant-convert/3"  # 2: group size 32, weighted head; 3: recipes, every linear weighted
 DEFAULT_GROUP_SIZE = 32
 SHARD_BYTES = 256 << 20
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -54,7 +64,8 @@ class ConversionError(RuntimeError):
 
 @dataclass
 class TensorReport:
-    """One output tensor: name, shape ``[N, K]``, group size (None when copied), SQNR dB, bytes in and out."""
+    """One output tensor: name, shape ``[N, K]``, group size (None when copied; K for an 8-bit tensor,
+    one scale per row), SQNR dB, bytes in and out, width in bits (None when copied)."""
 
     name: str
     shape: list[int]
@@ -63,6 +74,7 @@ class TensorReport:
     sqnr_db: float | None
     bytes_in: int
     bytes_out: int
+    bits: int | None = None
 
 
 def _tensor_inventory(src: Path, config: dict) -> dict[str, Path]:
@@ -195,18 +207,33 @@ def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_siz
     return db, write_codes(writer, module, q, s, z)
 
 
-def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure) -> dict:
-    """The ``quantization_config`` of a cpu_int4 checkpoint: what the loader must build unquantized is
-    the keep list and every linear layer the converter copied, by its full name."""
+def write_int8(writer: ShardWriter, module: str, w: torch.Tensor) -> tuple[float, int]:
+    """Quantize the float weight ``w`` ``[N, K]`` to 8 bits per output channel
+    (:func:`omni_quant.quant_math.quantize_int8`) and write ``qweight8``/``scales8``; return (SQNR dB, bytes)."""
+    q, s = quantize_int8(w)
+    writer.add(f"{module}.qweight8", q)
+    writer.add(f"{module}.scales8", s)
+    return sqnr_db(w, dequantize_int8(q, s)), q.numel() + s.numel() * 2
+
+
+def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure,
+                    bits8: list[str] | None = None, recipe: str = DEFAULT_RECIPE) -> dict:
+    """The ``quantization_config`` of a cpu_int4 checkpoint: ``per_module`` gives the group size of each
+    4-bit module, ``bits8`` names the 8-bit ones (``bits_per_module``; format version 2); what the loader
+    must build unquantized is the keep list and every linear layer the converter copied, by full name."""
+    bits_per_module = dict.fromkeys(sorted(bits8 or []), 8)
+    quantized = set(per_module) | set(bits_per_module)
     return {
         "quant_method": "cpu_int4",
         "bits": 4,
         "group_size": group_size,
         "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
-        "format_version": FORMAT_VERSION,
+        "format_version": format_version_for({4, *bits_per_module.values()}),
         "modules_to_not_convert": sorted(set(keep) | {
-            n for n in structure.linear if n not in per_module and n.rsplit(".", 1)[-1] not in keep}),
+            n for n in structure.linear if n not in quantized and n.rsplit(".", 1)[-1] not in keep}),
         "group_size_per_module": per_module,
+        **({"bits_per_module": bits_per_module} if bits_per_module else {}),
+        "recipe": recipe,
         "converter_version": CONVERTER_VERSION,
     }
 
@@ -248,14 +275,16 @@ FORMATS = ("cpu_int4", "gptq")
 
 def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size: int = DEFAULT_GROUP_SIZE,
             keep_bf16: list[str] | None = None, fmt: str = "cpu_int4",
-            weighted_head: bool = True) -> list[TensorReport]:
+            recipe: str = DEFAULT_RECIPE) -> list[TensorReport]:
     """Convert ``src`` to a cpu_int4 checkpoint at ``dst``; returns the per-tensor report.
 
-    The default recipe: every linear layer 4-bit at group size 32 (5.0 bits per weight with the
-    bf16 scale and zero of each group), the output head's rounding weighted by what its input
-    carries (:func:`omni_quant.calibration.head_input_importance`; skipped, and the report says
-    why, when the model cannot run here; ``weighted_head=False`` leaves it unweighted). Its
-    measured fidelity: docs/cpu_int4.md, the recipe table, each row from its artifact.
+    ``recipe`` (:data:`omni_quant.recipes.RECIPES`): the default makes every linear layer 4-bit at
+    ``group_size`` (32: 5.0 bits per weight with the bf16 scale and zero of each group), each
+    layer's rounding weighted by what its input carries
+    (:func:`omni_quant.calibration.linear_input_importance`; skipped, and the report says why, when
+    the model cannot run here); ``q4`` leaves rounding unweighted, ``q4-head8`` makes the output head
+    8-bit, ``q8`` every linear. The measured fidelity of each: docs/cpu_int4.md, the recipe table,
+    each row from its artifact.
 
     ``fmt="gptq"`` writes stock vLLM's GPTQ format instead (:mod:`omni_quant.gptq`: symmetric
     round to nearest, one group size for every layer, the output head kept in bf16 as GPTQ
@@ -264,24 +293,30 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     Raises:
         ConversionError: missing or corrupt input, an architecture vLLM does not serve, an
             unsupported dtype, an existing ``dst``, an untied config without ``lm_head.weight``,
-            a keep list naming part of a fused layer, or a K no supported group size divides.
-            ``dst`` does not exist afterwards then.
+            a keep list naming part of a fused layer, a K no supported group size divides, an
+            unknown recipe or one ``fmt="gptq"`` cannot hold. ``dst`` does not exist afterwards then.
     """
     src, dst = Path(src), Path(dst)
     keep = _check_request(src, dst, fmt, group_size, keep_bf16)
+    try:
+        chosen = recipe_named(recipe)
+    except ValueError as e:
+        raise ConversionError(str(e)) from None
+    if fmt == "gptq" and (chosen.body_bits, chosen.head_bits) != (4, 4):
+        raise ConversionError(f"--recipe {recipe} keeps tensors at 8 bits; --format gptq holds 4-bit layers only")
     config = _read_config(src)
     names = _tensor_inventory(src, config)  # before anything is written
     plan = _plan(src, config, names, keep)
     tmp, created = _partial_dir(dst)
     try:
-        importance, importance_how = _importance(src, plan, fmt, weighted_head)
+        importance, importance_how = _importance(src, fmt, chosen)
         writer = ShardWriter(tmp)
-        reports, per_module = _write_tensors(writer, plan, names, fmt, group_size, importance)
+        reports = _write_tensors(writer, plan, names, fmt, group_size, chosen, importance)
         writer.finish()
-        _write_config(tmp, config, plan, fmt, group_size, per_module)
+        _write_config(tmp, config, plan, fmt, group_size, chosen, reports)
         _copy_side_files(src, tmp)
-        write_report(tmp, reports, source=str(src), group_size=group_size, keep_bf16=plan.keep,
-                     architecture=plan.structure.architecture, head_importance=importance_how,
+        write_report(tmp, reports, source=str(src), recipe=chosen.name, group_size=group_size, keep_bf16=plan.keep,
+                     architecture=plan.structure.architecture, importance=importance_how,
                      tied_head=plan.tied_head_report())
         publish(tmp, dst)
     except BaseException:
@@ -412,28 +447,27 @@ def _discard(tmp: Path, created: list[Path]) -> None:
             break
 
 
-def _importance(src: Path, plan: _Plan, fmt: str, weighted_head: bool) -> tuple[dict[str, torch.Tensor], str]:
+def _importance(src: Path, fmt: str, recipe: Recipe) -> tuple[dict[str, torch.Tensor], str]:
     """Per-input-channel importance ``[K]`` by module name for the recipe's weighted rounding, and the
     report's one line on where it came from (or why there is none).
 
     Raises:
         ConversionError: the calibration model contradicts the checkpoint (:class:`CalibrationError`)."""
-    if not weighted_head:
-        return {}, "none: weighted_head=False"
-    if not plan.quantize_head or fmt != "cpu_int4":
-        return {}, "none: the head is not quantized"
+    if fmt != "cpu_int4":
+        return {}, f"none: --format {fmt} rounds to nearest"
+    if not recipe.weighted:
+        return {}, f"none: recipe {recipe.name} rounds unweighted"
     try:
-        head, how = head_input_importance(src)
+        found, how = linear_input_importance(src)
     except CalibrationError as e:
         raise ConversionError(str(e)) from e
-    return ({"lm_head": head} if head is not None else {}), how
+    return found or {}, how
 
 
 def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt: str, group_size: int,
-                   importance: dict[str, torch.Tensor]) -> tuple[list[TensorReport], dict[str, int]]:
+                   recipe: Recipe, importance: dict[str, torch.Tensor]) -> list[TensorReport]:
     """Every tensor of the checkpoint, in name order, quantized or copied into ``writer``; then the
-    quantized ``lm_head`` of a tied model, built from its embedding. Returns the report rows and the
-    group size of every quantized module.
+    quantized ``lm_head`` of a tied model, built from its embedding. Returns the report rows.
 
     Raises:
         ConversionError: an unreadable tensor, an unsupported dtype, a NaN/inf or non-2-D weight,
@@ -441,7 +475,6 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
     from safetensors import SafetensorError, safe_open
 
     reports: list[TensorReport] = []
-    per_module: dict[str, int] = {}
     for name, path in sorted(names.items()):
         with safe_open(str(path), framework="pt") as f:
             try:
@@ -452,8 +485,7 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             continue  # tied and kept in bf16: vLLM ties it to the embedding
         module = name.rsplit(".", 1)[0]
         if plan.quantizes(name):
-            reports.append(_quantize_one(writer, module, t, name, fmt, group_size, importance.get(module)))
-            per_module[module] = reports[-1].group_size
+            reports.append(_quantize_one(writer, module, t, name, fmt, group_size, recipe, importance.get(module)))
         else:
             if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
                 raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
@@ -467,14 +499,14 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             raise ConversionError(f"{plan.src}: tied config but no embed_tokens.weight to build lm_head from")
         with safe_open(str(names[embed]), framework="pt") as f:
             w = f.get_tensor(embed)
-        reports.append(_quantize_one(writer, "lm_head", w, embed, fmt, group_size, importance.get("lm_head")))
-        per_module["lm_head"] = reports[-1].group_size
-    return reports, per_module
+        reports.append(_quantize_one(writer, "lm_head", w, embed, fmt, group_size, recipe, importance.get("lm_head")))
+    return reports
 
 
 def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name: str, fmt: str,
-                  group_size: int, importance: torch.Tensor | None) -> TensorReport:
-    """Quantize one weight ``[N, K]`` (float) of ``module`` into ``writer`` in ``fmt``; its report row.
+                  group_size: int, recipe: Recipe, importance: torch.Tensor | None) -> TensorReport:
+    """Quantize one weight ``[N, K]`` (float) of ``module`` into ``writer`` in ``fmt`` at the recipe's
+    width for it; its report row.
 
     Raises:
         ConversionError: see :func:`_write_tensors`."""
@@ -485,11 +517,15 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
     if not bool(torch.isfinite(w).all()):
         raise ConversionError(f"{source_name}: holds NaN or infinite values; the checkpoint is damaged "
                               "(re-download it, or convert the checkpoint it was made from)")
+    bytes_in = w.numel() * w.element_size()
+    label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
+    if fmt == "cpu_int4" and recipe.bits_for(module) == 8:
+        db, out_bytes = write_int8(writer, module, w)
+        return TensorReport(label, list(w.shape), "quantized", w.shape[1], round(db, 2), bytes_in, out_bytes, 8)
     try:
         g = choose_group_size(w.shape[1], group_size, module)
     except GroupSizeError as e:
         raise ConversionError(str(e)) from e
-    bytes_in = w.numel() * w.element_size()
     if fmt == "gptq":
         if g != group_size or w.shape[0] % 8:
             raise ConversionError(f"{source_name}: shape {tuple(w.shape)} does not fit GPTQ's single group "
@@ -499,27 +535,35 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
             writer.add(f"{module}.{suffix}", t)
         out_bytes = qs.numel() // 2 + ss.numel() * 2 * 2 + w.shape[1] * 4
         return TensorReport(source_name, list(w.shape), "quantized", g, round(sqnr_db(w, dequantize_sym(qs, ss)), 2),
-                            bytes_in, out_bytes)
+                            bytes_in, out_bytes, 4)
     if importance is not None and importance.numel() != w.shape[1]:
         raise ConversionError(f"{source_name}: the layer's input has {importance.numel()} channels in the model "
                               f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
     db, out_bytes = write_quantized(writer, module, w, g, importance)
-    label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
-    return TensorReport(label, list(w.shape), "quantized", g, round(db, 2), bytes_in, out_bytes)
+    return TensorReport(label, list(w.shape), "quantized", g, round(db, 2), bytes_in, out_bytes, 4)
 
 
-def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: int,
-                  per_module: dict[str, int]) -> None:
+def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: int, recipe: Recipe,
+                  reports: list[TensorReport]) -> None:
     """``config.json`` of the output: the source's, untied when the head was quantized, with the
-    ``quantization_config`` of ``fmt``."""
+    ``quantization_config`` of ``fmt`` (each quantized module's group size and width from its report row)."""
+    quantized = {_module_of(r.name): r for r in reports if r.bits is not None}
+    per_module = {m: r.group_size for m, r in quantized.items() if r.bits == 4}
+    bits8 = [m for m, r in quantized.items() if r.bits == 8]
     out = dict(config)
     if plan.tied and plan.quantize_head:
         out["tie_word_embeddings"] = False
     out["quantization_config"] = {
         "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
         "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
-    } if fmt == "gptq" else cpu_int4_config(group_size, plan.keep, per_module, plan.structure)
+    } if fmt == "gptq" else cpu_int4_config(group_size, plan.keep, per_module, plan.structure, bits8,
+                                            recipe.name)
     (tmp / "config.json").write_text(json.dumps(out, indent=2) + "\n")
+
+
+def _module_of(report_name: str) -> str:
+    """The module a report row's tensor belongs to (``lm_head.weight <- model.embed_tokens.weight``: ``lm_head``)."""
+    return report_name.split(" <- ")[0].rsplit(".", 1)[0]
 
 
 def _copy_side_files(src: Path, tmp: Path) -> None:

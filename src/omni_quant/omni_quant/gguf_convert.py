@@ -158,7 +158,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                                         *(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, s, z)))
                 per_module[module] = GROUP
                 reports.append(TensorReport(f"{hf} <- {t.name}", [rows, cols], f"repacked from {kind}", GROUP, None,
-                                            int(t.n_bytes), out_bytes))
+                                            int(t.n_bytes), out_bytes, 4))
                 continue
             try:
                 values = dequantize(np.asarray(t.data), t.tensor_type)
@@ -171,7 +171,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 db, out_bytes = write_quantized(writer, module, w, GROUP)
                 per_module[module] = GROUP
                 reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"requantized from {kind}", GROUP,
-                                            round(db, 2), int(t.n_bytes), out_bytes))
+                                            round(db, 2), int(t.n_bytes), out_bytes, 4))
             else:
                 writer.add(hf, w)
                 reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"copied from {kind}", None, None,
@@ -183,13 +183,13 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             per_module["lm_head"] = GROUP
             reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape),
                                         "requantized from the dequantized embedding", GROUP, round(db, 2), 0,
-                                        out_bytes))
+                                        out_bytes, 4))
         writer.finish()
         keep = ["lm_head"] if tied and structure.head_is_embedding else []
         untie = tied and not structure.head_is_embedding
         if untie:
             config["tie_word_embeddings"] = False
-        config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure)
+        config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_report(tmp, reports, source=str(path), source_format="gguf", group_size=GROUP, keep_bf16=keep,
                      architecture=structure.architecture,

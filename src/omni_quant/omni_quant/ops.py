@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["cpu_int4_linear"]
+__all__ = ["cpu_int4_linear", "cpu_int8_linear"]
 
 
 def cpu_int4_linear(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
@@ -45,5 +45,28 @@ def cpu_int4_linear(x: torch.Tensor, weight: torch.Tensor, scales_and_zeros: tor
     if x2.dtype != scales_and_zeros.dtype:
         x2 = x2.to(scales_and_zeros.dtype)
     y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.contiguous(), weight, group_size, scales_and_zeros)
+    y = y.to(x.dtype).reshape(*shape[:-1], weight.shape[0])
+    return y if bias is None else y + bias
+
+
+def cpu_int8_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` with W stored in 8 bits, one scale per output channel: a direct call of
+    torch's ``aten._weight_int8pack_mm`` (CPU kernel; inductor lowers it to an extern call too).
+
+    Args:
+        x: activations ``[..., K]`` (cast to the scales' dtype, which the kernel requires).
+        weight: int8 ``[N, K]``, ``w = q * scale``.
+        scales: ``[N]`` (bf16).
+        bias: optional ``[N]``.
+
+    Returns:
+        ``[..., N]`` in ``x``'s dtype.
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.dtype != scales.dtype:
+        x2 = x2.to(scales.dtype)
+    y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), weight, scales)
     y = y.to(x.dtype).reshape(*shape[:-1], weight.shape[0])
     return y if bias is None else y + bias

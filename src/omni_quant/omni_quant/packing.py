@@ -11,10 +11,20 @@ from enum import Enum
 
 import torch
 
-__all__ = ["FORMAT_VERSION", "PackFormat", "pack", "unpack"]
+__all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "PackFormat", "format_version_for", "pack", "unpack"]
 
-FORMAT_VERSION = 1
-"""1: NIBBLES_LOW_FIRST qweight, bf16 scales and zeros [N, K / group_size]."""
+FORMAT_VERSION = 2
+"""1: NIBBLES_LOW_FIRST qweight, bf16 scales and zeros [N, K / group_size].
+2: as 1, and modules may be 8-bit weight-only (``bits`` / ``bits_per_module``: ``qweight8`` int8
+``[N, K]``, ``scales8`` ``[N]``)."""
+
+READABLE_FORMAT_VERSIONS = (1, 2)
+
+
+def format_version_for(bits: set[int]) -> int:
+    """The lowest format version that holds modules of these widths (so older readers keep reading
+    all-4-bit checkpoints): 1 for ``{4}``, else 2."""
+    return 1 if bits <= {4} else 2
 
 
 class PackFormat(str, Enum):

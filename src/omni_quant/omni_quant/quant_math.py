@@ -23,7 +23,9 @@ __all__ = [
     "GroupSizeError",
     "choose_group_size",
     "dequantize",
+    "dequantize_int8",
     "quantize",
+    "quantize_int8",
     "reference_linear",
     "sqnr_db",
 ]
@@ -160,6 +162,31 @@ def dequantize(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, dtype
     g = k // groups
     w = (q.float().reshape(n, groups, g) - 8.0) * scales.float().unsqueeze(-1) + zeros.float().unsqueeze(-1)
     return w.reshape(n, k).to(dtype)
+
+
+def quantize_int8(w: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 8-bit weight-only quantization per output channel: ``(q int8 [N, K], scales [N])``.
+
+    ``scale[n] = max_k |w[n, k]| / 127`` (1 for an all-zero row), rounded to ``dtype`` first, then
+    ``q = clamp(round(w / scale), -127, 127)`` against the rounded scale, so ``q * scale`` is exactly
+    what the kernel computes: the layout of torch's ``aten._weight_int8pack_mm`` (CPU), int8 ``[N, K]``
+    and one scale per row in the activations' dtype.
+
+    Raises:
+        ValueError: ``w`` is not 2-D.
+    """
+    if w.dim() != 2:
+        raise ValueError(f"expected a 2-D weight [N, K], got shape {tuple(w.shape)}")
+    wf = w.detach().float()
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax)).to(dtype)
+    q = torch.clamp(torch.round(wf / scale.float().unsqueeze(1)), -127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``q * scale`` per row: int8 ``[N, K]`` and ``[N]`` -> ``[N, K]`` in ``dtype``."""
+    return (q.float() * scales.float().unsqueeze(1)).to(dtype)
 
 
 def reference_linear(x: torch.Tensor, q, scales, zeros, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,0 +1,74 @@
+"""Named recipes (--recipe): what each writes, what the loader reads back, and what is refused."""
+
+import json
+
+import pytest
+from test_convert import write_checkpoint
+
+from omni_quant.cli import main
+from omni_quant.convert import ConversionError, convert
+from omni_quant.recipes import RECIPES
+
+LINEARS = 7  # q, k, v, o, gate, up, down of the one layer write_checkpoint makes
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_each_recipe_writes_the_widths_it_names(tmp_path, recipe):
+    src = write_checkpoint(tmp_path / "src")
+    convert(src, tmp_path / "dst", recipe=recipe)
+    qc = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]
+    report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
+    rows = {r["name"].split(" <- ")[0].rsplit(".", 1)[0]: r for r in report["tensors"] if r["bits"]}
+    chosen = RECIPES[recipe]
+    assert len(rows) == LINEARS + 1 and report["recipe"] == qc["recipe"] == recipe
+    for module, row in rows.items():
+        assert row["bits"] == chosen.bits_for(module), module
+        assert row["group_size"] == (row["shape"][1] if row["bits"] == 8 else 32)  # 8-bit: one scale per row
+    eight = sorted(m for m, r in rows.items() if r["bits"] == 8)
+    assert sorted(qc.get("bits_per_module", {})) == eight
+    assert qc["format_version"] == (2 if eight else 1), "all-4-bit checkpoints stay readable by format-1 readers"
+    assert sorted(qc["group_size_per_module"]) == sorted(set(rows) - set(eight))
+    names = set()
+    for f in (tmp_path / "dst").glob("*.safetensors"):
+        from safetensors import safe_open
+        with safe_open(str(f), framework="pt") as h:
+            names |= set(h.keys())
+    for m in eight:
+        assert {f"{m}.qweight8", f"{m}.scales8"} <= names and f"{m}.qweight" not in names
+    n_weights = sum(r["shape"][0] * r["shape"][1] for r in rows.values())
+    assert report["bits_per_weight"] == pytest.approx(8 * sum(r["bytes_out"] for r in rows.values()) / n_weights)
+    assert 4.9 < report["bits_per_weight"] < 8.2
+
+
+def test_unknown_recipe_and_8_bit_gptq_are_refused_and_nothing_is_written(tmp_path):
+    src = write_checkpoint(tmp_path / "src")
+    with pytest.raises(ConversionError, match="--recipe q5 is not one of default, q4, q4-head8, q8"):
+        convert(src, tmp_path / "dst", recipe="q5")
+    with pytest.raises(ConversionError, match="--format gptq holds 4-bit layers only"):
+        convert(src, tmp_path / "dst", fmt="gptq", recipe="q8")
+    assert not (tmp_path / "dst").exists()
+
+
+def test_the_cli_takes_a_recipe_and_refuses_one_for_a_gguf_file(tmp_path, capsys):
+    src = write_checkpoint(tmp_path / "src")
+    assert main(["convert", str(src), str(tmp_path / "dst"), "--recipe", "q4-head8"]) == 0
+    assert json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]["recipe"] == "q4-head8"
+    assert main(["convert", str(tmp_path / "x.gguf"), str(tmp_path / "g"), "--recipe", "q8"]) == 2
+    assert "--recipe, --group-size" in capsys.readouterr().err
+
+
+def test_the_loader_reads_widths_and_refuses_fused_members_of_different_widths():
+    from omni_quant.config import CpuInt4Config
+
+    cfg = CpuInt4Config.from_config({"group_size": 32, "format_version": 2,
+                                     "bits_per_module": {"lm_head": 8, "model.layers.0.self_attn.q_proj": 8}})
+    cfg.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert cfg.bits_for("lm_head") == 8 and cfg.bits_for("model.layers.0.mlp.down_proj") == 4
+    with pytest.raises(ValueError, match=r"members \['q_proj', 'k_proj', 'v_proj'\] .* different widths \[4, 8\]"):
+        cfg.bits_for("model.layers.0.self_attn.qkv_proj")
+    with pytest.raises(ValueError, match="8-bit modules need format_version 2"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 1, "bits_per_module": {"lm_head": 8}})
+    with pytest.raises(ValueError, match=r"4- and 8-bit modules, the checkpoint says \[4, 6\]"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "bits_per_module": {"lm_head": 6}})
+    with pytest.raises(ValueError, match=r"format_version 3, this omni-quant reads \(1, 2\)"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 3})
