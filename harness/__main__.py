@@ -2,7 +2,7 @@
 
 Commands: ``bench`` (harness.bench_harness), ``results`` (harness.results), ``models``
 (harness.models), ``fidelity`` (harness.fidelity), ``ledger`` (harness.memory_ledger),
-``profile`` (harness.profile_step), ``kernels`` (harness.kernel_bench), ``demo`` (harness.demo),
+``profile`` (harness.profile_step), ``kernels`` (harness.kernel_bench), ``demo`` (harness.demo), ``bpw`` (harness.bpw),
 and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``, ``run-openvino``.
 """
 
@@ -20,6 +20,7 @@ COMMANDS = {
     "profile": "harness.profile_step",
     "kernels": "harness.kernel_bench",
     "demo": "harness.demo",
+    "bpw": "harness.bpw",
     "run-vllm": "harness.run_vllm",
     "run-llamacpp": "harness.run_llamacpp",
     "run-openvino": "harness.run_openvino",

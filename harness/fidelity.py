@@ -121,12 +121,19 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['exact_match_count']}")
     print(json.dumps({**result, "ref": args.ref, "test": args.test}))
     if args.out is not None:
+        from harness.bpw import bits_per_weight
         from harness.provenance import collect_cpu, collect_versions
+
+        try:
+            bits = bits_per_weight(args.test)
+        except ValueError:
+            bits = None  # a bf16 or foreign checkpoint: no quantization report to read
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "kind": "fidelity", "created_unix": time.time(), "command": ["python", "-m", "harness.fidelity", *argv],
             "result": {**result, "ref": args.ref, "test": args.test, "gen_len": args.gen_len},
+            "test_bits_per_weight": bits,
             "omni_env": {k: v for k, v in os.environ.items() if k.startswith(("OMNI_", "VLLM_PLUGINS"))},
             "cpu": collect_cpu(sorted(os.sched_getaffinity(0))), "versions": collect_versions(),
         }, indent=1) + "\n")

@@ -23,6 +23,8 @@ Kernels (each on the same random 4-bit weights of each shape):
   the venv (installed there, vLLM would switch stock runs on Zen CPUs to its ZenCpuPlatform);
 - ``dequant_bf16``: dequantize to bf16, then ``F.linear`` (a prefill path with no second
   resident layout);
+- ``int8pack``: ``aten._weight_int8pack_mm``, the 8-bit weight-only kernel of the recipes that keep
+  a tensor at 8 bits (symmetric, one scale per output channel; checked against the float weight);
 - ``bf16``: ``F.linear`` on a resident bf16 weight (reads 4x the bytes; the reference).
 
 Every kernel is first checked against the dequantized reference on 4 rows (SQNR in dB, recorded
@@ -141,7 +143,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
     from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
     from omni_quant import native
-    from omni_quant.quant_math import quantize
+    from omni_quant.quant_math import quantize, quantize_int8
 
     gen = torch.Generator().manual_seed(n * 7 + k)
     w = torch.randn(n, k, generator=gen) * 0.02
@@ -193,6 +195,9 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
         return F.linear(x, wd)
 
     out["dequant_bf16"] = (dequant_bf16, n * k + meta)  # codes held one a byte here
+    q8, s8 = quantize_int8(w)
+    i8 = [(q8.clone(), s8.clone()) for _ in range(max(1, copies // 2))]
+    out["int8pack"] = (lambda x, i: torch.ops.aten._weight_int8pack_mm(x, *i8[i % len(i8)]), n * k + n * 2)
     bf = [w.to(torch.bfloat16) for _ in range(max(1, copies // 4))]
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
     return out, (w, q, s, z)
@@ -213,7 +218,7 @@ def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, s
     passed, failed = {}, {}
     for name, (fn, _) in kernels.items():
         try:
-            kind = "sym8" if name in SYMMETRIC else "float" if name == "bf16" else "ours"
+            kind = "sym8" if name in SYMMETRIC else "float" if name in ("bf16", "int8pack") else "ours"
             db = sqnr_db(ref[kind], fn(x, 0))
         except Exception as exc:  # a kernel this CPU cannot run: named, not fatal
             failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
