@@ -122,3 +122,15 @@ def test_importance_of_the_wrong_shape_or_negative_is_refused():
         quantize(w, 32, importance=torch.ones(32))
     with pytest.raises(ValueError, match="importance"):
         quantize(w, 32, importance=-torch.ones(64))
+
+
+def test_rows_fitted_in_blocks_give_the_same_codes_as_one_fit(monkeypatch):
+    """quantize() bounds its temporaries by fitting ROW_BLOCK rows at a time: rows are independent."""
+    import omni_quant.quant_math as qm
+
+    w = torch.randn(10, 64, generator=torch.Generator().manual_seed(3))
+    imp = torch.rand(64, generator=torch.Generator().manual_seed(4))
+    whole = qm.quantize(w, 32, importance=imp)
+    monkeypatch.setattr(qm, "ROW_BLOCK", 3)
+    blocked = qm.quantize(w, 32, importance=imp)
+    assert all(torch.equal(a, b) for a, b in zip(whole, blocked, strict=True))

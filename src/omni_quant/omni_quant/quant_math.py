@@ -30,6 +30,10 @@ __all__ = [
     "sqnr_db",
 ]
 
+ROW_BLOCK = 4096
+"""Rows :func:`quantize` fits at a time (rows are independent): bounds its float32 temporaries to
+about ten copies of ``ROW_BLOCK x K`` (for a 151936 x 1536 head: ~250 MiB instead of several GiB)."""
+
 GROUP_SIZES = (128, 64, 32)
 """Supported group sizes, largest (fewest bits per weight) first."""
 
@@ -68,7 +72,8 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     ``ggml-quants.c``, in closed form.)
 
     ``scales``/``zeros`` are ``[N, K // group_size]`` in ``dtype``; codes are computed against
-    the *rounded* scale and zero so that dequantization reproduces what was measured.
+    the *rounded* scale and zero so that dequantization reproduces what was measured. Rows are
+    fitted :data:`ROW_BLOCK` at a time (each row's fit is independent of the others).
 
     ``importance`` (float ``[K]``, >= 0; e.g. the mean squared activation of each input channel,
     :mod:`omni_quant.calibration`) weights each input channel's squared error: the regression
@@ -86,6 +91,10 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+    if n > ROW_BLOCK:
+        parts = [quantize(w[i:i + ROW_BLOCK], group_size, dtype, refine_steps, importance)
+                 for i in range(0, n, ROW_BLOCK)]
+        return tuple(torch.cat(p) for p in zip(*parts, strict=True))
     wg = w.detach().float().reshape(n, k // group_size, group_size)
     if importance is None:
         weight = torch.ones(1, 1, group_size)
