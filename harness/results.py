@@ -31,12 +31,32 @@ def _load(path: Path) -> dict:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not a harness artifact (not JSON: {e})") from None
+    if isinstance(data, dict) and data.get("kind") in MEASUREMENT_KINDS:
+        return data  # fidelity, bits per weight, kernel matrix: no judged passes, no format history
     if not isinstance(data, dict) or "format_version" not in data:
         raise ValueError(f"{path} is not a harness artifact (no format_version)")
     if data.get("kind", "bench") == "bench" and data["format_version"] not in KNOWN_FORMATS:
         raise ValueError(f"{path} has format_version {data['format_version']!r}; this harness reads "
                          f"{', '.join(map(str, KNOWN_FORMATS))} (a newer harness wrote it?)")
     return data
+
+
+MEASUREMENT_KINDS = ("fidelity", "bits_per_weight", "kernel_matrix")
+"""Artifacts of the harness's other commands (fidelity, bpw, kernels), listed beside the bench runs."""
+
+
+def _measurement_summary(data: dict) -> str | None:
+    """One line for ``results list`` of a fidelity or bits-per-weight artifact (None for other kinds)."""
+    if data.get("kind") == "fidelity":
+        r = data["result"]
+        return (f"fidelity: top-1 {r['top1_agreement']:.3f}, mean KL {r['mean_kl_top20']:.3f} "
+                f"({r['positions']} positions)")
+    if data.get("kind") == "bits_per_weight":
+        return "bits per weight: " + ", ".join(f"{Path(r['path']).name} {r['bits_per_weight']:.2f}"
+                                               for r in data["rows"])
+    if data.get("kind") == "kernel_matrix":
+        return f"kernel matrix: {len(data.get('results') or [])} rows (python -m harness kernels table FILE)"
+    return None
 
 
 TABLE_BEGIN = "<!-- results-table: "
@@ -77,10 +97,41 @@ def table(path: Path, metrics: list[str] | None = None) -> str:
     return "\n".join(lines)
 
 
+def fidelity_table(paths: list[Path]) -> str:
+    """Markdown of fidelity artifacts (``python -m harness fidelity --out``) and bits-per-weight artifacts
+    (``python -m harness bpw --out``): one row per model, its recipe, bits per weight (from the files),
+    teacher-forced top-1 agreement and mean KL against bf16, and the artifact it comes from.
+
+    Raises:
+        ValueError: a path that is neither kind of artifact."""
+    lines = ["| model | recipe | bits per weight | top-1 | mean KL (top-20) | artifact |", "|---|---|---|---|---|---|"]
+    repo = RESULTS_DIR.parent.parent
+    for path in paths:
+        try:
+            data = json.loads((repo / path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a readable artifact ({e})") from None
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if kind == "fidelity":
+            r, bits = data["result"], data.get("test_bits_per_weight") or {}
+            bpw = f"{bits['bits_per_weight']:.2f}" if bits.get("bits_per_weight") else "-"
+            lines.append(f"| {Path(r['ref']).name} | {bits.get('recipe') or '-'} | {bpw} | {r['top1_agreement']:.3f} "
+                         f"| {r['mean_kl_top20']:.3f} | `{path}` |")
+        elif kind == "bits_per_weight":
+            for row in data["rows"]:
+                types = ", ".join(f"{n} {t}" for t, n in sorted(row["types"].items()))
+                lines.append(f"| {Path(row['path']).name} | {row.get('recipe') or row['format']} ({types}) "
+                             f"| {row['bits_per_weight']:.2f} | - | - | `{path}` |")
+        else:
+            raise ValueError(f"{path}: a {kind!r} artifact, not a fidelity or bits-per-weight one")
+    return "\n".join(lines)
+
+
 def render_docs(files: list[Path], write: bool = True) -> list[Path]:
     """Regenerate every table between ``<!-- results-table: ARTIFACT [metrics=a,b] -->`` and
-    ``<!-- /results-table -->`` in ``files`` (artifact paths relative to the repository); return the
-    files whose text changed (rewritten when ``write``)."""
+    ``<!-- /results-table -->`` in ``files`` (artifact paths relative to the repository; several
+    fidelity or bits-per-weight artifacts make one :func:`fidelity_table`); return the files whose
+    text changed (rewritten when ``write``)."""
     repo = RESULTS_DIR.parent.parent
     changed = []
     for f in files:
@@ -91,7 +142,10 @@ def render_docs(files: list[Path], write: bool = True) -> list[Path]:
             end = text.index(TABLE_END, head_end)
             spec = text[start + len(TABLE_BEGIN):head_end - 3].split()
             metrics = next((a.split("=", 1)[1].split(",") for a in spec[1:] if a.startswith("metrics=")), None)
-            out += [text[pos:head_end], "\n", table(repo / spec[0], metrics), "\n"]
+            arts = [a for a in spec if not a.startswith("metrics=")]
+            kind = json.loads((repo / arts[0]).read_text()).get("kind", "bench")
+            body = table(repo / arts[0], metrics) if kind == "bench" else fidelity_table(arts)
+            out += [text[pos:head_end], "\n", body, "\n"]
             pos = end
         out.append(text[pos:])
         new = "".join(out)
@@ -174,7 +228,7 @@ def list_results(directory: Path = RESULTS_DIR) -> list[dict]:
                 "kind": data.get("kind"),
                 "created_unix": data.get("created_unix"),
                 "git_sha": (data.get("provenance") or {}).get("git_sha"),
-                "verdict": (data.get("verdict") or {}).get("text"),
+                "verdict": (data.get("verdict") or {}).get("text") or _measurement_summary(data),
                 "ok_passes": sum(1 for r in runs if r.get("ok")),
                 "failed_passes": sum(1 for r in runs if not r.get("ok")),
                 "labels": [str(label) for label in data.get("labels") or []],
@@ -342,6 +396,8 @@ def _state(row: dict) -> str:
         return f"RETRACTED ({(row['retraction'] or {}).get('reason')})" + (f", superseded by {by}" if by else "")
     if row["kind"] is None:
         return "unreadable"
+    if row["kind"] in MEASUREMENT_KINDS:
+        return f"published ({row['kind']}: a measurement, no judged passes)"
     if row["ok_passes"] == 0:
         return f"NO RESULT (all {row['failed_passes']} passes failed)"
     labels = _label_names(row["labels"])

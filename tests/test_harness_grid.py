@@ -318,8 +318,13 @@ def test_replacements_must_be_other_published_artifacts_and_bad_rows_do_not_stop
     assert run("supersede", a, "--by", "c.json").returncode == 0
     bad = json.loads(c.read_text()) | {"provenance": None, "runs": ["x"], "labels": [3]}
     (tmp_path / "d.json").write_text(json.dumps(bad))
+    fidelity = {"kind": "fidelity", "result": {"top1_agreement": 0.9, "mean_kl_top20": 0.2, "positions": 512}}
+    (tmp_path / "e.json").write_text(json.dumps(fidelity))  # another command's artifact: listed, not judged
     listing = run("list", "--dir", tmp_path)
     assert listing.returncode == 0, listing.stderr
     out = listing.stdout.splitlines()
     assert "UNREADABLE: malformed artifact" in out[out.index("d.json") + 2]
     assert "superseded by c.json" in out[out.index("a.json") + 1]
+    assert out[out.index("e.json") + 1:out.index("e.json") + 3] == [
+        "    published (fidelity: a measurement, no judged passes)",
+        "    fidelity: top-1 0.900, mean KL 0.200 (512 positions)"]
