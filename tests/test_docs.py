@@ -26,3 +26,21 @@ def test_every_artifact_named_in_the_docs_exists():
 def test_docs_do_not_point_outside_the_repository():
     for f in DOCS:
         assert "../shared" not in f.read_text(), f"{f} points outside the repository"
+
+
+def test_a_fidelity_table_row_is_the_artifacts_own_numbers(tmp_path):
+    import json
+
+    import pytest
+
+    from harness.results import fidelity_table
+
+    art = "harness/results/fidelity_smollm2-135m-q4-head8-20261201T165508Z.json"
+    data = json.loads((REPO / art).read_text())
+    (row,) = [ln for ln in fidelity_table([art]).splitlines() if art in ln]
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[:5] == ["smollm2-135m-bf16", "q4-head8", f"{data['test_bits_per_weight']['bits_per_weight']:.2f}",
+                         f"{data['result']['top1_agreement']:.3f}", f"{data['result']['mean_kl_top20']:.3f}"]
+    bench = sorted((REPO / "harness" / "results").glob("decode_vs_llamacpp-*.json"))[0].relative_to(REPO)
+    with pytest.raises(ValueError, match="not a fidelity or bits-per-weight one"):
+        fidelity_table([str(bench)])
