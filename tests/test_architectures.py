@@ -30,6 +30,8 @@ ARCHS = {
     "granite": ({"tie_word_embeddings": True}, "scaled residuals and logits"),
     "olmo2": ({"tie_word_embeddings": False}, "post-norms"),
     "starcoder2": ({"tie_word_embeddings": True, "use_bias": True}, "biases everywhere, GELU MLP (c_fc/c_proj)"),
+    "gpt_neox": ({"tie_word_embeddings": False}, "checkpoint-fused query_key_value whose rows vLLM permutes at load, "
+                                                 "the head named embed_out"),
 }
 RECIPE_CASES = {"q8-qwen2": ("qwen2", "q8"), "q4-head8-llama": ("llama", "q4-head8")}
 # 8-bit layers: every linear of an untied model with q/k/v biases; the head of a tied one (from its embedding)

@@ -333,3 +333,23 @@ def test_the_loader_reads_the_group_sizes_recorded_per_module():
     assert cfg.group_size_for("model.layers.0.mlp.up_proj", 256) == 128  # not recorded: the preferred size
     with pytest.raises(ValueError, match="different group sizes"):
         cfg.group_size_for("model.layers.1.self_attn.qkv_proj", 256)
+
+
+def test_a_head_transformers_renames_is_found_by_its_checkpoint_name(tmp_path):
+    """GPT-NeoX checkpoints call the head embed_out; transformers 5 renames it lm_head when it loads
+    (conversion_mapping.py). The converter works in checkpoint names, and --keep-bf16 lm_head keeps it."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from omni_quant.structure import model_structure
+
+    cfg = AutoConfig.for_model("gpt_neox", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                               num_hidden_layers=1, vocab_size=256, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp_path / "src")
+    structure = model_structure(tmp_path / "src", json.loads((tmp_path / "src" / "config.json").read_text()))
+    assert structure.head == "embed_out" and "embed_out" in structure.linear and "lm_head" not in structure.linear
+    convert(tmp_path / "src", tmp_path / "q")
+    assert {"embed_out.qweight", "embed_out.scales"} <= set(_tensors(tmp_path / "q"))
+    convert(tmp_path / "src", tmp_path / "kept", keep_bf16=["lm_head"])
+    assert "embed_out.weight" in _tensors(tmp_path / "kept")
+    qc = json.loads((tmp_path / "kept" / "config.json").read_text())["quantization_config"]
+    assert "embed_out" in qc["modules_to_not_convert"]

@@ -71,7 +71,7 @@ def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | 
 
     Returns ``(importance, how)``: ``importance`` maps each ``torch.nn.Linear`` of the model as
     transformers builds it, by module name (the checkpoint's names, e.g.
-    ``model.layers.0.mlp.down_proj``; the output head as ``"lm_head"``), to float32 ``[in_features]``;
+    ``model.layers.0.mlp.down_proj``; the output head also as ``"lm_head"``), to float32 ``[in_features]``;
     None when the model cannot run here (no tokenizer in ``src``, or transformers cannot build it).
     ``how`` is one line for the quantization report (token count, or why there is none). Loads the
     whole model in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
@@ -107,8 +107,12 @@ def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | 
             counts[name] = counts.get(name, 0) + x.shape[0]
         return hook
 
-    hooks = [m.register_forward_pre_hook(grab("lm_head" if m is head else name))
-             for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) or m is head]
+    from omni_quant.structure import checkpoint_names
+
+    names = checkpoint_names(model)  # the checkpoint's module names (GPT-NeoX: embed_out, not lm_head)
+    hooks = [m.register_forward_pre_hook(grab(names[name])) for name, m in model.named_modules()
+             if name and (isinstance(m, torch.nn.Linear) or m is head)]
+    head_name = next((names[name] for name, m in model.named_modules() if m is head and name), "lm_head")
     try:
         with torch.inference_mode():
             for text in CALIBRATION_TEXT:
@@ -120,12 +124,14 @@ def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | 
     finally:
         for h in hooks:
             h.remove()
-    count = counts.get("lm_head", 0)
+    count = counts.get(head_name, 0)
     if count < MIN_TOKENS:  # e.g. a tokenizer transformers builds from the config alone, with no vocabulary
         return None, (f"none: the tokenizer of {src} turns the calibration text into {count} tokens "
                       f"(fewer than {MIN_TOKENS}: no usable tokenizer)")
     importance = {name: total / counts[name] for name, total in sums.items()}
     del model
+    how = (f"E[x^2] per input channel of {len(importance)} linear layers over {count} calibration tokens "
+           "(omni_quant.calibration)")
     logger.info("omni-quant: input importance of %d linear layers from %d calibration tokens", len(importance), count)
-    return importance, (f"E[x^2] per input channel of {len(importance)} linear layers over {count} calibration "
-                        "tokens (omni_quant.calibration)")
+    importance["lm_head"] = importance[head_name]  # the head by its generic name too (GPT-NeoX: embed_out)
+    return importance, how

@@ -410,17 +410,20 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
         raise ConversionError("; ".join(problems))
     if structure.head_is_embedding and "lm_head" not in keep:
         keep.append("lm_head")  # vLLM computes its logits with the embedding: the tie stays, in bf16
+    head = structure.head  # "lm_head" in a keep list means the head, whatever the checkpoint calls it
+    if head != "lm_head" and (head in keep) != ("lm_head" in keep):
+        keep.append(head if "lm_head" in keep else "lm_head")
     modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
     short = {m.split(".")[-1] for m in modules}
     unknown = [k for k in keep if k not in modules and k not in short]
     if unknown:
         raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no module of {src} "
                               f"(e.g. {', '.join(sorted(short)[:8])})")
-    tied, has_head = bool(config.get("tie_word_embeddings", False)), "lm_head.weight" in names
+    tied, has_head = bool(config.get("tie_word_embeddings", False)), f"{head}.weight" in names
     if not tied and not has_head:
         raise ConversionError(
             f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
-            "lm_head.weight; the output head is missing (a truncated or mislabelled checkpoint)")
+            f"{head}.weight; the output head is missing (a truncated or mislabelled checkpoint)")
     return _Plan(src, structure, keep, tied, has_head, quantize_head="lm_head" not in keep)
 
 
@@ -481,11 +484,12 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
                 t = f.get_tensor(name)
             except (SafetensorError, OSError, ValueError) as e:
                 raise ConversionError(f"{path}: tensor {name} cannot be read: {e}") from e
-        if name == "lm_head.weight" and plan.tied and not plan.quantize_head:
+        if name == f"{plan.structure.head}.weight" and plan.tied and not plan.quantize_head:
             continue  # tied and kept in bf16: vLLM ties it to the embedding
         module = name.rsplit(".", 1)[0]
         if plan.quantizes(name):
-            reports.append(_quantize_one(writer, module, t, name, fmt, group_size, recipe, importance.get(module)))
+            reports.append(_quantize_one(writer, module, t, name, fmt, group_size, recipe, importance.get(module),
+                                         plan.structure.head))
         else:
             if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
                 raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
@@ -504,7 +508,8 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
 
 
 def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name: str, fmt: str,
-                  group_size: int, recipe: Recipe, importance: torch.Tensor | None) -> TensorReport:
+                  group_size: int, recipe: Recipe, importance: torch.Tensor | None,
+                  head: str = "lm_head") -> TensorReport:
     """Quantize one weight ``[N, K]`` (float) of ``module`` into ``writer`` in ``fmt`` at the recipe's
     width for it; its report row.
 
@@ -519,7 +524,7 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
                               "(re-download it, or convert the checkpoint it was made from)")
     bytes_in = w.numel() * w.element_size()
     label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
-    if fmt == "cpu_int4" and recipe.bits_for(module) == 8:
+    if fmt == "cpu_int4" and recipe.bits_for(module, head) == 8:
         db, out_bytes = write_int8(writer, module, w)
         return TensorReport(label, list(w.shape), "quantized", w.shape[1], round(db, 2), bytes_in, out_bytes, 8)
     try:

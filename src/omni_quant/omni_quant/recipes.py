@@ -34,9 +34,10 @@ class Recipe:
     weighted: bool
     summary: str
 
-    def bits_for(self, module: str) -> int:
-        """The width of checkpoint module ``module`` (``lm_head`` is the output head)."""
-        return self.head_bits if module == "lm_head" else self.body_bits
+    def bits_for(self, module: str, head: str = "lm_head") -> int:
+        """The width of checkpoint module ``module``; ``head`` is the output head's checkpoint name
+        (``lm_head``, which always means the head, or e.g. GPT-NeoX's ``embed_out``)."""
+        return self.head_bits if module in ("lm_head", head) else self.body_bits
 
 
 RECIPES = {r.name: r for r in (

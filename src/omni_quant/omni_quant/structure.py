@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["MIN_OUT_FEATURES", "ModelStructure", "StructureError", "model_structure"]
+__all__ = ["MIN_OUT_FEATURES", "ModelStructure", "StructureError", "checkpoint_names", "model_structure"]
 
 MIN_OUT_FEATURES = 64
 """Linear layers with fewer outputs stay in bf16: MoE router gates and other tiny projections,
@@ -30,7 +30,9 @@ class StructureError(ValueError):
 class ModelStructure:
     """``linear``: checkpoint module names of the linear layers to quantize (weight ``{name}.weight``),
     ``embeddings``: of the input embeddings; ``fused``: vLLM's fused name -> the checkpoint short
-    names it is made of; ``architecture``: the vLLM architecture served."""
+    names it is made of; ``architecture``: the vLLM architecture served; ``head``: the checkpoint
+    name of the output head (transformers' ``get_output_embeddings()``: ``lm_head`` for most,
+    ``embed_out`` for GPT-NeoX)."""
 
     architecture: str
     linear: frozenset[str]
@@ -39,6 +41,7 @@ class ModelStructure:
     head_is_embedding: bool = False
     """vLLM's model computes the logits with the input embedding itself (Gemma, Cohere, MPT: it
     asserts ``tie_word_embeddings``), so the output head cannot be a separate quantized layer."""
+    head: str = "lm_head"
 
     def partners(self, short: str) -> tuple[str, ...] | None:
         """The members of the fused layer ``short`` belongs to (itself included), or None."""
@@ -130,10 +133,40 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     except Exception as exc:  # noqa: BLE001  (any failure to build it is the same answer)
         raise StructureError(f"transformers {transformers_version()} cannot build {arch} from {src}/config.json "
                              f"({type(exc).__name__}: {exc})") from exc
-    linear = frozenset(name for name, m in model.named_modules()
+    names = checkpoint_names(model)
+    linear = frozenset(names[name] for name, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES)
-    embeddings = frozenset(name for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
-    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding)
+    embeddings = frozenset(names[name] for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
+    out = model.get_output_embeddings()
+    head = next((names[name] for name, m in model.named_modules() if m is out and name), "lm_head")
+    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding, head)
+
+
+def checkpoint_names(model) -> dict[str, str]:
+    """Each module name of a transformers ``model`` -> the module name its checkpoint uses.
+
+    transformers 5 renames some checkpoint keys when it loads them and back when it saves
+    (``transformers/conversion_mapping.py``, e.g. GPT-NeoX's ``embed_out`` -> ``lm_head``); the
+    converter reads and writes checkpoint names, so it asks transformers' own reverse renaming
+    (``core_model_loading.revert_weight_conversion``) for each module's ``weight``. A module the
+    renaming cannot map keeps its name.
+    """
+    import torch
+    from transformers.core_model_loading import revert_weight_conversion
+
+    if getattr(model, "_weight_conversions", None) is None:  # built from a config, not from_pretrained
+        from transformers.conversion_mapping import get_model_conversion_mapping
+
+        model._weight_conversions = get_model_conversion_mapping(model, add_legacy=False)
+    out = {}
+    probe = torch.empty(0, device="meta")
+    for name, _ in model.named_modules():
+        try:
+            (key,) = revert_weight_conversion(model, {f"{name}.weight": probe})
+        except Exception:  # noqa: BLE001  (a converter that needs real tensors: the name as it is)
+            key = f"{name}.weight"
+        out[name] = key[: -len(".weight")] if key.endswith(".weight") else name
+    return out
 
 
 def transformers_version() -> str:
