@@ -350,34 +350,52 @@ def fetch(name: str, cache_dir: Path | None = None) -> Path:
     return convert_gguf(source, out_dir, name=name, distribution=dist)
 
 
+def _from_gguf(spec: ModelSpec) -> bool:
+    """Whether ``spec`` is made from its base's GGUF file directly (``omni-quant convert FILE.gguf``:
+    4-bit blocks repacked with their codes) rather than from the dequantized bf16 checkpoint: every
+    cpu_int4 model at the GGUF path's group size whose base ships a GGUF."""
+    from omni_quant.gguf_convert import GGUF_GROUP_SIZE
+
+    base = _spec(spec.base)
+    return spec.quantization == "cpu_int4" and bool(base.gguf_file) and spec.group_size == GGUF_GROUP_SIZE
+
+
 def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
-    """``omni-quant convert`` of the base model (``spec.group_size``), cached with a manifest."""
+    """``omni-quant convert`` of the base model, cached with a manifest: from the base's GGUF file
+    directly when :func:`_from_gguf` (the path GGUF users take), else from its bf16 checkpoint at
+    ``spec.group_size`` with the ``q4`` recipe (GPTQ: ``--format gptq``)."""
     base_dir = fetch(spec.base, cache_dir)
     base_sha = json.loads((base_dir / MANIFEST).read_text())["source"]["sha256"]
     out_dir = (cache_dir or default_cache_dir()) / spec.name
     manifest = out_dir / MANIFEST
+    path_taken = "gguf" if _from_gguf(spec) else "bf16"
     if manifest.is_file():
         try:
-            recorded = json.loads(manifest.read_text())["source"]
-            if (recorded["sha256"] == base_sha and recorded.get("group_size") == spec.group_size
-                    and json.loads(manifest.read_text()).get("dtype") == spec.quantization):
+            recorded = json.loads(manifest.read_text())
+            if (recorded["source"]["sha256"] == base_sha and recorded["source"].get("group_size") == spec.group_size
+                    and recorded.get("dtype") == spec.quantization
+                    and recorded["source"].get("converted_from", "bf16") == path_taken):
                 return out_dir
         except (ValueError, KeyError, TypeError):
             pass
     if out_dir.exists():
         shutil.rmtree(out_dir)
     from omni_quant.convert import convert
+    from omni_quant.gguf_convert import convert_gguf as convert_gguf_file
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
     try:
-        # The registry's checkpoints keep the recipe their published artifacts measured (q4: unweighted
-        # rounding at the registry's group size); `omni-quant convert` users get the default recipe.
-        convert(base_dir, tmp / "ckpt", group_size=spec.group_size or 128, fmt=spec.quantization or "cpu_int4",
-                recipe="q4")
+        if path_taken == "gguf":
+            source = gguf_path(spec.base)
+            convert_gguf_file(source, tmp / "ckpt")
+        else:
+            source = base_dir
+            convert(base_dir, tmp / "ckpt", group_size=spec.group_size or 128, fmt=spec.quantization or "cpu_int4",
+                    recipe="q4")
         (tmp / "ckpt" / MANIFEST).write_text(json.dumps({
             "format_version": MANIFEST_FORMAT, "name": spec.name, "dtype": spec.quantization,
-            "source": {"path": str(base_dir), "sha256": base_sha, "derived_from": spec.base,
-                       "group_size": spec.group_size},
+            "source": {"path": str(source), "sha256": base_sha, "derived_from": spec.base,
+                       "group_size": spec.group_size, "converted_from": path_taken},
             "tools": _versions("omni-quant", "torch", "safetensors"), "created_unix": time.time(),
         }, indent=2) + "\n")
         os.chmod(tmp / "ckpt", 0o755)

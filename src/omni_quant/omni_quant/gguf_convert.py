@@ -10,8 +10,8 @@ back from the GGUF's metadata). Tensors are matched to the checkpoint names tran
   bf16). llama.cpp's row permutation of Llama's q/k projections is undone on codes, scales and
   zeros alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
 - any other linear layer (``Q5_x``, ``Q6_K``, ``Q8_0``, ``F16``, ...) is dequantized with the
-  ``gguf`` package and **requantized** to 4 bits at group size 32, as ``omni-quant convert`` does
-  for a bf16 checkpoint;
+  ``gguf`` package and **requantized** to 4 bits at group size 32, as ``omni-quant convert --recipe q4``
+  does for a bf16 checkpoint (unweighted: this path runs no calibration forward);
 - everything else (embeddings, norms, biases) is dequantized and **copied** in bf16.
 
 ``quantization_report.json`` says which path each tensor took and its GGUF type.
@@ -191,7 +191,8 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             config["tie_word_embeddings"] = False
         config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        write_report(tmp, reports, source=str(path), source_format="gguf", group_size=GROUP, keep_bf16=keep,
+        write_report(tmp, reports, source=str(path), source_format="gguf", recipe="gguf", group_size=GROUP,
+                     keep_bf16=keep,
                      architecture=structure.architecture,
                      paths={p: sum(r.action.startswith(p) for r in reports) for p in ("repacked", "requantized",
                                                                                         "copied")})
