@@ -365,6 +365,8 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
     directly when :func:`_from_gguf` (the path GGUF users take), else from its bf16 checkpoint at
     ``spec.group_size`` with the ``q4`` recipe (GPTQ: ``--format gptq``)."""
     base_dir = fetch(spec.base, cache_dir)
+    from omni_quant.convert import CONVERTER_VERSION, convert
+
     base_sha = json.loads((base_dir / MANIFEST).read_text())["source"]["sha256"]
     out_dir = (cache_dir or default_cache_dir()) / spec.name
     manifest = out_dir / MANIFEST
@@ -374,13 +376,13 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
             recorded = json.loads(manifest.read_text())
             if (recorded["source"]["sha256"] == base_sha and recorded["source"].get("group_size") == spec.group_size
                     and recorded.get("dtype") == spec.quantization
-                    and recorded["source"].get("converted_from", "bf16") == path_taken):
+                    and recorded["source"].get("converted_from", "bf16") == path_taken
+                    and recorded["source"].get("converter") == CONVERTER_VERSION):
                 return out_dir
         except (ValueError, KeyError, TypeError):
             pass
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    from omni_quant.convert import convert
     from omni_quant.gguf_convert import convert_gguf as convert_gguf_file
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
@@ -395,7 +397,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
         (tmp / "ckpt" / MANIFEST).write_text(json.dumps({
             "format_version": MANIFEST_FORMAT, "name": spec.name, "dtype": spec.quantization,
             "source": {"path": str(source), "sha256": base_sha, "derived_from": spec.base,
-                       "group_size": spec.group_size, "converted_from": path_taken},
+                       "group_size": spec.group_size, "converted_from": path_taken, "converter": CONVERTER_VERSION},
             "tools": _versions("omni-quant", "torch", "safetensors"), "created_unix": time.time(),
         }, indent=2) + "\n")
         os.chmod(tmp / "ckpt", 0o755)

@@ -66,7 +66,8 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
     return (found.get("lm_head") if found is not None else None), how
 
 
-def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | None, str]:
+def linear_input_importance(src: str | Path,
+                            gguf_file: str | None = None) -> tuple[dict[str, torch.Tensor] | None, str]:
     """E[x_k^2] of every linear layer's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
 
     Returns ``(importance, how)``: ``importance`` maps each ``torch.nn.Linear`` of the model as
@@ -75,14 +76,21 @@ def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | 
     None when the model cannot run here (no tokenizer in ``src``, or transformers cannot build it).
     ``how`` is one line for the quantization report (token count, or why there is none). Loads the
     whole model in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
+    With ``gguf_file`` (a file in the directory ``src``), the model and tokenizer are transformers'
+    reading of that llama.cpp file, every tensor dequantized (``GgufConfig(dequantize=True)``).
 
     Raises:
         CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    extra = {}
+    if gguf_file is not None:
+        from transformers import GgufConfig
+
+        extra = {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16, **extra)
     except RuntimeError as e:
         if "size mismatch" in str(e) or "ignore_mismatched_sizes" in str(e):
             first = next((ln.strip() for ln in str(e).splitlines() if "mismatch" in ln.lower()), str(e)[:200])
@@ -92,7 +100,7 @@ def linear_input_importance(src: str | Path) -> tuple[dict[str, torch.Tensor] | 
     except (OSError, ValueError, TypeError, KeyError) as e:
         return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
     try:
-        tok = AutoTokenizer.from_pretrained(str(src))
+        tok = AutoTokenizer.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError, TypeError) as e:
         return None, f"none: no tokenizer in {src} ({type(e).__name__})"
     model.eval()

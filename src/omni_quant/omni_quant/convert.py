@@ -49,7 +49,7 @@ from omni_quant.structure import ModelStructure, StructureError, model_structure
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
-CONVERTER_VERSION = "omni-quant-convert/3"  # 2: group size 32, weighted head; 3: recipes, every linear weighted
+CONVERTER_VERSION = "omni-quant-convert/4"  # 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too
 DEFAULT_GROUP_SIZE = 32
 SHARD_BYTES = 256 << 20
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -10,8 +10,8 @@ back from the GGUF's metadata). Tensors are matched to the checkpoint names tran
   bf16). llama.cpp's row permutation of Llama's q/k projections is undone on codes, scales and
   zeros alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
 - any other linear layer (``Q5_x``, ``Q6_K``, ``Q8_0``, ``F16``, ...) is dequantized with the
-  ``gguf`` package and **requantized** to 4 bits at group size 32, as ``omni-quant convert --recipe q4``
-  does for a bf16 checkpoint (unweighted: this path runs no calibration forward);
+  ``gguf`` package and **requantized** to 4 bits at group size 32 with the default recipe's weighted
+  rounding, the calibration run on transformers' dequantized reading of the same file;
 - everything else (embeddings, norms, biases) is dequantized and **copied** in bf16.
 
 ``quantization_report.json`` says which path each tensor took and its GGUF type.
@@ -99,6 +99,27 @@ def _name_map(cfg) -> tuple[dict[str, str], object]:
     return get_gguf_hf_weights_map(model, processor), processor
 
 
+def _importance(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+    """E[x^2] of every linear layer's input, from transformers' dequantized reading of the file: the
+    default recipe's weighting for the tensors this path requantizes (:mod:`omni_quant.calibration`).
+
+    Raises:
+        ConversionError: the file's model contradicts its own metadata (:class:`CalibrationError`)."""
+    from omni_quant.calibration import CalibrationError, linear_input_importance
+    from omni_quant.convert import ConversionError
+
+    try:
+        found, how = linear_input_importance(path.parent, gguf_file=path.name)
+    except CalibrationError as e:
+        raise ConversionError(str(e)) from e
+    return found or {}, how
+
+
+def _fits(importance: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor | None:
+    """``importance`` when it is one value per input channel of ``w`` ``[N, K]``, else None (unweighted)."""
+    return importance if importance is not None and importance.numel() == w.shape[1] else None
+
+
 def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list:
     """Convert the GGUF ``gguf_file`` to a cpu_int4 checkpoint at ``dst``; return the per-tensor report.
 
@@ -139,6 +160,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             raise ConversionError(str(e)) from e
         name_map, processor = _name_map(cfg)
         exact_ok = type(processor) in (TensorProcessor, LlamaTensorProcessor)
+        importance, importance_how = _importance(path)
         writer, reports, per_module = ShardWriter(tmp), [], {}
         tied = not any(t.name == "output.weight" for t in reader.tensors)
         head_from = None
@@ -168,7 +190,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
             w = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
             if linear:
-                db, out_bytes = write_quantized(writer, module, w, GROUP)
+                db, out_bytes = write_quantized(writer, module, w, GROUP, _fits(importance.get(module), w))
                 per_module[module] = GROUP
                 reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"requantized from {kind}", GROUP,
                                             round(db, 2), int(t.n_bytes), out_bytes, 4))
@@ -179,7 +201,8 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 if tied and hf.endswith("embed_tokens.weight"):
                     head_from = w
         if tied and head_from is not None and not structure.head_is_embedding:
-            db, out_bytes = write_quantized(writer, "lm_head", head_from, GROUP)
+            db, out_bytes = write_quantized(writer, "lm_head", head_from, GROUP,
+                                            _fits(importance.get("lm_head"), head_from))
             per_module["lm_head"] = GROUP
             reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape),
                                         "requantized from the dequantized embedding", GROUP, round(db, 2), 0,
@@ -192,7 +215,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_report(tmp, reports, source=str(path), source_format="gguf", recipe="gguf", group_size=GROUP,
-                     keep_bf16=keep,
+                     keep_bf16=keep, importance=importance_how,
                      architecture=structure.architecture,
                      paths={p: sum(r.action.startswith(p) for r in reports) for p in ("repacked", "requantized",
                                                                                         "copied")})
