@@ -307,7 +307,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
     config = _read_config(src)
     names = _tensor_inventory(src, config)  # before anything is written
     plan = _plan(src, config, names, keep)
-    tmp, created = _partial_dir(dst)
+    tmp, created = partial_dir(dst)
     try:
         importance, importance_how = _importance(src, fmt, chosen)
         writer = ShardWriter(tmp)
@@ -320,7 +320,7 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                      tied_head=plan.tied_head_report())
         publish(tmp, dst)
     except BaseException:
-        _discard(tmp, created)
+        discard(tmp, created)
         raise
     return reports
 
@@ -427,7 +427,7 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
     return _Plan(src, structure, keep, tied, has_head, quantize_head="lm_head" not in keep)
 
 
-def _partial_dir(dst: Path) -> tuple[Path, list[Path]]:
+def partial_dir(dst: Path) -> tuple[Path, list[Path]]:
     """A private temporary directory beside ``dst``, and the parents this call created (to remove on failure).
 
     Raises:
@@ -440,8 +440,8 @@ def _partial_dir(dst: Path) -> tuple[Path, list[Path]]:
         raise ConversionError(f"cannot create the output beside {dst}: {e}") from e
 
 
-def _discard(tmp: Path, created: list[Path]) -> None:
-    """Remove the partial output and the parents :func:`_partial_dir` created, innermost first, if empty."""
+def discard(tmp: Path, created: list[Path]) -> None:
+    """Remove the partial output and the parents :func:`partial_dir` created, innermost first, if empty."""
     shutil.rmtree(tmp, ignore_errors=True)
     for p in created:
         try:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +134,8 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         ShardWriter,
         TensorReport,
         cpu_int4_config,
+        discard,
+        partial_dir,
         publish,
         write_codes,
         write_quantized,
@@ -149,9 +149,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
     if dst.exists():
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
     reader = _reader(path)
-    created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    tmp, created = partial_dir(dst)
     try:
         config, cfg = _hf_side(path, reader, tmp)
         try:
@@ -221,11 +219,6 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                                                                                         "copied")})
         publish(tmp, dst)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for p in created:
-            try:
-                p.rmdir()
-            except OSError:
-                break
+        discard(tmp, created)
         raise
     return reports
