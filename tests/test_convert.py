@@ -1,6 +1,7 @@
 """omni-quant convert: tiny synthetic checkpoints (C04, C08) and bad inputs."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -353,3 +354,44 @@ def test_a_head_transformers_renames_is_found_by_its_checkpoint_name(tmp_path):
     assert "embed_out.weight" in _tensors(tmp_path / "kept")
     qc = json.loads((tmp_path / "kept" / "config.json").read_text())["quantization_config"]
     assert "embed_out" in qc["modules_to_not_convert"]
+
+
+def test_a_weight_no_float_scale_holds_is_refused_by_name(tmp_path):
+    """Breaker finding: a group spanning -3e38..3e38 overflowed its float32 range to inf and was
+    written with inf scales. Now refused, naming the tensor and the way out."""
+    huge = torch.zeros(256, 128)
+    huge[:, 0], huge[:, 1] = -3e38, 3e38
+    src = write_checkpoint(tmp_path / "src", extra={"model.layers.0.mlp.gate_proj.weight": huge})
+    with pytest.raises(ConversionError, match=r"gate_proj.*float32 maximum.*--keep-bf16"):
+        convert(src, tmp_path / "out" / "dst", recipe="q4")
+    assert not (tmp_path / "out" / "dst").exists()
+
+
+def test_a_partial_output_left_by_a_killed_conversion_is_removed_by_the_next(tmp_path, caplog):
+    """Breaker finding: SIGKILL left ``.DST.partial-*`` behind for good. The directory names its
+    process; the next conversion to that DST removes those whose process is gone, not a live one's."""
+    src = write_checkpoint(tmp_path / "src")
+    out = tmp_path / "out"
+    dead = out / ".dst.partial-999999999-abcd"  # above any Linux pid_max (4194304)
+    live = out / f".dst.partial-{os.getpid()}-efgh"
+    other = out / ".other.partial-999999999-ijkl"  # another DST's
+    for d in (dead, live, other):
+        d.mkdir(parents=True)
+        (d / "model-00001.safetensors").write_bytes(b"x")
+    with caplog.at_level("WARNING", logger="omni_quant.convert"):
+        convert(src, out / "dst", recipe="q4")
+    assert not dead.exists() and live.exists() and other.exists()
+    assert (out / "dst" / "config.json").exists()
+    assert any(str(dead) in r.getMessage() for r in caplog.records)
+
+
+def test_ctrl_c_anywhere_in_the_cli_is_one_line(monkeypatch, capsys):
+    """Breaker finding: Ctrl-C while the CLI imported torch printed a traceback."""
+    from omni_quant import cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert cli.main(["convert", "a", "b"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["omni-quant: interrupted; nothing written"]

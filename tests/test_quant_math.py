@@ -1,5 +1,7 @@
 """cpu_int4 tensor math and packing: properties over shapes, group sizes and extremes."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given
@@ -66,8 +68,34 @@ def test_extremes_constant_zero_and_large_groups(g):
                    torch.linspace(-6e4, 6e4, g).unsqueeze(0)])
     q, s, z = quantize(w, g, torch.float32)
     w2 = dequantize(q, s, z, torch.float32)
-    assert torch.equal(w2[0], w[0]) and torch.allclose(w2[1], w[1]) and torch.allclose(w2[2], w[2])
+    assert torch.equal(w2[:3], w[:3]), "a constant group dequantizes to exactly its value"
     assert (w2[3] - w[3]).abs().max() <= (1.2e5 / 15) / 2 * 1.001
+
+
+@pytest.mark.parametrize("value", [1000.5, 1e-5, -3.0e38, 1e-30])
+def test_a_constant_group_in_bf16_storage_is_exact(value):
+    """Breaker finding: the zero of a constant group was ``lo + 8 * 1``, rounded to bf16, which lost
+    ``lo`` (1e-5 became 0, 1000.5 became 1000). Now the zero is ``lo`` itself."""
+    w = torch.full((2, 32), value).to(torch.bfloat16).float()
+    q, s, z = quantize(w, 32)
+    assert (q == 8).all() and torch.equal(dequantize(q, s, z, torch.float32), w)
+
+
+def test_weights_no_float_grid_holds_are_refused():
+    with pytest.raises(ValueError, match="NaN or inf"):
+        quantize(torch.tensor([[1.0] * 31 + [float("nan")]]), 32)
+    with pytest.raises(ValueError, match="float32 maximum"):  # hi - lo overflows float32
+        quantize(torch.tensor([[-3e38, 3e38] + [0.0] * 30]), 32)
+
+
+def test_sqnr_of_large_finite_values_is_finite_and_scale_free():
+    """Breaker finding: squares of values near 1e30 overflow float32 sums (inf / inf = NaN)."""
+    ref = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    approx = ref + 0.01 * torch.randn(64, 64, generator=torch.Generator().manual_seed(1))
+    small, large = sqnr_db(ref, approx), sqnr_db(ref * 1e30, approx * 1e30)
+    assert 35.0 < small < 45.0 and large == pytest.approx(small, abs=1e-6)
+    assert sqnr_db(ref, ref) == float("inf") and sqnr_db(torch.zeros(3), torch.ones(3)) == float("-inf")
+    assert math.isnan(sqnr_db(ref, torch.full_like(ref, float("nan"))))  # NaN fails every ">= floor" check
 
 
 @pytest.mark.parametrize("g", GROUP_SIZES)

@@ -13,7 +13,19 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line; exit 2 with a clear message on bad input (nothing written)."""
+    """Command line; exit 2 with a clear message on bad input (nothing written), 130 on Ctrl-C.
+
+    Ctrl-C at any point, the seconds spent importing torch included, ends with one line, not a
+    traceback; a conversion under way removes its partial output first (:func:`omni_quant.convert.convert`).
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("omni-quant: interrupted; nothing written", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     from omni_quant.convert import DEFAULT_GROUP_SIZE, ConversionError, convert
     from omni_quant.recipes import DEFAULT_RECIPE, RECIPES
 

@@ -21,7 +21,9 @@ bf16 embedding table used for lookups, and sets ``tie_word_embeddings: false``. 
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import re
 import shutil
@@ -46,6 +48,8 @@ from omni_quant.quant_math import (
 )
 from omni_quant.recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from omni_quant.structure import ModelStructure, StructureError, model_structure
+
+logger = logging.getLogger("omni_quant.convert")
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
@@ -430,14 +434,46 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
 def partial_dir(dst: Path) -> tuple[Path, list[Path]]:
     """A private temporary directory beside ``dst``, and the parents this call created (to remove on failure).
 
+    Its name, ``.DST.partial-PID-XXXX``, carries the converting process's id: a conversion killed
+    where it cannot clean up (SIGKILL, the OOM killer, a power cut) leaves its partial directory
+    behind, and the next conversion to the same ``dst`` removes it once no process of that id runs
+    (:func:`remove_stale_partials`).
+
     Raises:
         ConversionError: the directory cannot be created."""
     created = [p for p in (dst.parent, *dst.parent.parents) if not p.exists()]
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent)), created
+        remove_stale_partials(dst)
+        return Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-{os.getpid()}-", dir=dst.parent)), created
     except OSError as e:
         raise ConversionError(f"cannot create the output beside {dst}: {e}") from e
+
+
+def remove_stale_partials(dst: Path) -> list[Path]:
+    """Remove the partial directories of earlier conversions to ``dst`` whose process is gone; returns them.
+
+    A directory whose process id still runs is left alone (another conversion, or a reused id: then it
+    stays until a later run). Names without a process id are not ours to judge and stay too."""
+    removed = []
+    for p in dst.parent.glob(f".{glob.escape(dst.name)}.partial-*"):
+        m = re.fullmatch(rf"\.{re.escape(dst.name)}\.partial-(\d+)-.+", p.name)
+        if not (m and p.is_dir()) or _process_alive(int(m.group(1))):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+        logger.warning("omni-quant: removed %s, left by a conversion (process %s) that did not finish", p, m.group(1))
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
 
 
 def discard(tmp: Path, created: list[Path]) -> None:
@@ -474,7 +510,8 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
 
     Raises:
         ConversionError: an unreadable tensor, an unsupported dtype, a NaN/inf or non-2-D weight,
-            a K no group size divides, a shape GPTQ's format cannot hold."""
+            a K no group size divides, a group whose range no float scale holds (magnitudes
+            near the float32 maximum), a shape GPTQ's format cannot hold."""
     from safetensors import SafetensorError, safe_open
 
     reports: list[TensorReport] = []
@@ -544,7 +581,10 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
     if importance is not None and importance.numel() != w.shape[1]:
         raise ConversionError(f"{source_name}: the layer's input has {importance.numel()} channels in the model "
                               f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
-    db, out_bytes = write_quantized(writer, module, w, g, importance)
+    try:
+        db, out_bytes = write_quantized(writer, module, w, g, importance)
+    except ValueError as e:  # a range no float scale holds (quantize's own check)
+        raise ConversionError(f"{source_name}: {e} (--keep-bf16 {module})") from None
     return TensorReport(label, list(w.shape), "quantized", g, round(db, 2), bytes_in, out_bytes, 4)
 
 

@@ -16,6 +16,8 @@ Shapes: ``w`` is ``[N, K]`` (out_features x in_features); ``q`` is ``[N, K]`` ui
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -82,15 +84,22 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     error of ``x @ W.T`` is what this minimizes when the weights are E[x_k^2] (the diagonal of
     llama.cpp's importance matrix, ``imatrix``, and of AWQ's activation-aware scaling).
 
+    A constant group (``hi == lo``) gets the codes 8 and ``zero = lo`` itself, so it dequantizes
+    to exactly its value (``lo`` rounded to ``dtype``); its scale, which no code uses, is 1.
+
     Raises:
-        ValueError: ``w`` is not 2-D, ``K`` is not a multiple of ``group_size``, or
-            ``importance`` is not ``[K]``, finite and non-negative.
+        ValueError: ``w`` is not 2-D or holds NaN or inf, ``K`` is not a multiple of ``group_size``,
+            ``importance`` is not ``[K]``, finite and non-negative, or a group's range is too wide for
+            a finite float32 scale and zero (magnitudes near the float32 maximum, about 3.4e38).
     """
     if w.dim() != 2:
         raise ValueError(f"expected a 2-D weight [N, K], got shape {tuple(w.shape)}")
     n, k = w.shape
     if k % group_size:
         raise ValueError(f"K={k} is not a multiple of group_size={group_size}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError("the weight holds NaN or inf; a 4-bit grid cannot represent it (a corrupt checkpoint, "
+                         "or keep this tensor in bf16)")
     if n > ROW_BLOCK:
         parts = [quantize(w[i:i + ROW_BLOCK], group_size, dtype, refine_steps, importance)
                  for i in range(0, n, ROW_BLOCK)]
@@ -136,6 +145,13 @@ def quantize(w: torch.Tensor, group_size: int, dtype: torch.dtype = torch.bfloat
     q, scale, offset, _ = best
     scale_s = scale.to(dtype)
     zero_s = (offset + 8.0 * scale).to(dtype)
+    const = hi_full == lo_full
+    if bool(const.any()):  # exact: code 8 stands for the zero, and the zero is the value
+        q = torch.where(const.unsqueeze(-1), torch.full_like(q, 8.0), q)
+        zero_s = torch.where(const, lo_full.to(dtype), zero_s)
+    if not (bool(torch.isfinite(scale_s.float()).all()) and bool(torch.isfinite(zero_s.float()).all())):
+        raise ValueError("a group's range overflows its float scale or zero (weights near the float32 maximum, "
+                         "about 3.4e38); keep this tensor in bf16")
     return q.to(torch.uint8).reshape(n, k), scale_s, zero_s
 
 
@@ -208,12 +224,17 @@ def reference_linear(x: torch.Tensor, q, scales, zeros, bias: torch.Tensor | Non
 
 
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
-    """Signal-to-quantization-noise ratio, dB: 10 log10(sum ref^2 / sum (ref - approx)^2)."""
-    ref = reference.float()
-    noise = (ref - approx.float()).pow(2).sum().item()
+    """Signal-to-quantization-noise ratio, dB: 10 log10(sum ref^2 / sum (ref - approx)^2), summed in float64.
+
+    ``inf`` when the two are equal, ``-inf`` for an all-zero reference that differs, NaN when either
+    holds NaN (a kernel's NaN output fails any ``sqnr >= floor`` check)."""
+    ref = reference.double()  # float64 sums: squares of float32 values near 1e20 and above overflow float32
+    noise = (ref - approx.double()).pow(2).sum().item()
     signal = ref.pow(2).sum().item()
+    if math.isnan(noise) or math.isnan(signal):
+        return float("nan")  # callers compare against a floor: NaN fails every comparison
     if noise == 0:
         return float("inf")
     if signal == 0:
         return float("-inf")
-    return 10.0 * torch.log10(torch.tensor(signal / noise)).item()
+    return 10.0 * (math.log10(signal) - math.log10(noise))
