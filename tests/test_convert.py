@@ -395,3 +395,14 @@ def test_ctrl_c_anywhere_in_the_cli_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_main", interrupted)
     assert cli.main(["convert", "a", "b"]) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["omni-quant: interrupted; nothing written"]
+
+
+def test_a_config_transformers_refuses_is_named_in_one_line(tmp_path):
+    """Breaker finding: num_attention_heads=7 (hidden 128) gave transformers' two-line validation error."""
+    src = write_checkpoint(tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["num_attention_heads"] = 7
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r"attention heads \(7\)") as err:
+        convert(src, tmp_path / "dst", recipe="q4")
+    assert "\n" not in str(err.value)

@@ -131,8 +131,9 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
             cls = getattr(transformers, arch, None)
             model = cls(hf_config) if cls is not None else AutoModelForCausalLM.from_config(hf_config)
     except Exception as exc:  # noqa: BLE001  (any failure to build it is the same answer)
+        why = " ".join(str(exc).split())  # one line: transformers' validation errors span several
         raise StructureError(f"transformers {transformers_version()} cannot build {arch} from {src}/config.json "
-                             f"({type(exc).__name__}: {exc})") from exc
+                             f"({type(exc).__name__}: {why})") from exc
     names = checkpoint_names(model)
     linear = frozenset(names[name] for name, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES)
