@@ -64,6 +64,26 @@ def test_prefill_row_counts_cross_the_row_tiles(isa, m):
     assert sqnr_db(reference_linear(x, q, s, z), together) >= 38.0
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("k, g", [(8960, 32), (4096, 128), (2080, 32)])
+def test_a_decode_row_quantized_in_pieces_across_threads_gives_the_same_output(isa, k, g):
+    """At M < threads, a long activation row is quantized in pieces, one per thread (down_proj,
+    K = 8960); groups are independent, so row 0 of M = 1 must equal row 0 of a batch whose rows
+    keep every thread busy (quantized whole). 2080 = 65 groups of 32: no piece count divides it."""
+    q, s, z, gen = _layer(32, k, g, 5)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(4, k, generator=gen).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        alone = native.linear(x[:1], w, sz, g, None, isa)
+        together = native.linear(x[:2], w, sz, g, None, isa)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(alone[0], together[0])
+    assert sqnr_db(reference_linear(x[:1], q, s, z), alone) >= 38.0
+
+
 def test_the_int16_sums_do_not_overflow_at_the_extremes():
     """Codes all 15 and activations all +-127 (the int8 extremes): each int16 lane of the AVX2
     kernel sums 4 products a chunk over 4 chunks, 16 * 15 * 127 = 30480 in magnitude, the bound

@@ -117,6 +117,19 @@ at::Tensor scratch_for(int64_t n, int64_t k) {
   return scratch.narrow(0, 0, n * k).view({n, k});
 }
 
+// How many equal pieces to cut each activation row into for quantization: 1 when the rows alone
+// keep the threads busy or the row is short; else the largest count <= the threads that divides
+// the groups and leaves each piece at least kMinPieceElems elements.
+constexpr int64_t kMinPieceElems = 2048;
+
+int64_t quant_pieces(int64_t m, int64_t groups, int64_t group_size) {
+  const int64_t threads = at::get_num_threads();
+  if (m >= threads) return 1;
+  for (int64_t p = threads; p > 1; --p)
+    if (groups % p == 0 && (groups / p) * group_size >= kMinPieceElems) return p;
+  return 1;
+}
+
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
                        const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
                        const c10::optional<at::Tensor>& dequant_rows) {
@@ -162,10 +175,14 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   QuantFn quant;
   DequantFn dq;
   pick(isa, &gemm, &quant, &dq);
+  // Groups are quantized independently, and a row of K is laid out as `pieces` rows of K / pieces
+  // (x, xq row-major; xs, xsum, xf [M, groups]): at decode (M = 1) a long row is split across the
+  // threads instead of running on one while the others wait (down_proj, K = 8960: 280 groups).
+  const int64_t pieces = quant_pieces(m, groups, group_size);
   QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k, group_size};
-  // Rows are cheap to quantize (M x K elements): split them only when there are many.
-  at::parallel_for(0, m, std::max<int64_t>(1, 65536 / k), [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
+               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k / pieces, group_size};
+  at::parallel_for(0, m * pieces, pieces > 1 ? 1 : std::max<int64_t>(1, 65536 / k),
+                   [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
 
   Args a{w.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), xq.data_ptr<int8_t>(),
          xs.data_ptr<float>(), xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,

@@ -45,10 +45,11 @@ else:
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
 BLOCK_N = 16
-KERNEL_REVISION = 3
+KERNEL_REVISION = 4
 """Bumped when the compiled kernels change speed or results: part of the key of cached
 measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
-int16 sums and 4-row assembly, vectorized activation quantization."""
+int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
+quantized in pieces across the threads."""
 
 
 def available() -> bool:
