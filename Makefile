@@ -112,7 +112,8 @@ kernel-matrix: $(STAMP) $(ZEN_DIR)/.omni-zentorch  ## every 4-bit CPU kernel on 
 # OpenVINO GenAI baseline, in its own environment (its pins differ from vLLM's).
 ov-setup: $(OV_STAMP)  ## OpenVINO GenAI in its own .venv-ov
 
-$(OV_STAMP): src/omni_platform/pyproject.toml
+# Makefile too: a recipe line added here (the omni_platform install was) reaches venvs made before it
+$(OV_STAMP): Makefile src/omni_platform/pyproject.toml
 	test -x $(OV_VENV)/bin/python || $(PYTHON) -m venv $(OV_VENV)
 	$(OV_VENV)/bin/pip install --quiet "torch==2.13.0+cpu" openvino-genai "optimum-intel[openvino]" nncf psutil
 	# the harness's /proc reader (omni_platform.procfs: standard library only), without vLLM
