@@ -2,7 +2,8 @@
 
 An arm prints its metrics as one JSON object on the last line of its stdout. A pass
 that exits non-zero, prints no JSON or outlives its timeout is a failed pass, recorded
-with the reason and the tail of its stderr; on timeout the whole process group is
+with the reason (for a non-zero exit, the first exception its stderr names) and the tail of
+its stderr; on timeout the whole process group is
 killed (vLLM's engine core and workers included), never left running (C10).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -48,6 +50,25 @@ class PassResult:
 def _tail(path: str, n: int = TAIL_LINES) -> str:
     with open(path, errors="replace") as f:
         return "".join(f.readlines()[-n:])
+
+
+_ERROR_LINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception)): (\S.*)$")
+
+
+def first_error(path: str, limit: int = 300) -> str | None:
+    """The first line of the file at ``path`` that names an exception with its message, from the
+    exception's name on (``AttributeError: '_OpNamespace' '_C' object has no attribute ...``), at most
+    ``limit`` characters; ``None`` when there is none.
+
+    The first, not the last: a vLLM engine that fails in its worker logs the worker's exception and
+    then the front end's generic ``RuntimeError: Engine core initialization failed``, and the 30-line
+    tail a failed pass keeps (``stderr_tail``) often holds only the latter."""
+    with open(path, errors="replace") as f:
+        for line in f:
+            m = _ERROR_LINE.search(line.rstrip("\n"))
+            if m:
+                return m.group(0)[:limit]
+    return None
 
 
 def _group_alive(pgid: int) -> bool:
@@ -108,8 +129,9 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
                 _kill_group(proc)  # stragglers the arm left behind
         seconds = time.monotonic() - start
         if status != 0:
+            cause = first_error(err_path)
             return PassResult(tag, pass_index, position, False, status, seconds,
-                              f"exit status {status}", _tail(err_path))
+                              f"exit status {status}" + (f" ({cause})" if cause else ""), _tail(err_path))
         with open(out_path, errors="replace") as f:
             lines = [ln for ln in f.read().splitlines() if ln.strip()]
         try:

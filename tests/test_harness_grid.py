@@ -328,3 +328,19 @@ def test_replacements_must_be_other_published_artifacts_and_bad_rows_do_not_stop
     assert out[out.index("e.json") + 1:out.index("e.json") + 3] == [
         "    published (fidelity: a measurement, no judged passes)",
         "    fidelity: top-1 0.900, mean KL 0.200 (512 positions)"]
+
+
+def test_a_failed_pass_names_the_first_exception_its_stderr_shows(tmp_path):
+    """The user-size run on an AVX2 CPU: stock vLLM's GPTQ arm died in its worker (AttributeError:
+    no _C.cpu_gemm_wna16) and the kept 30-line tail held only the front end's generic RuntimeError.
+    The reason now names the first exception of the whole stderr."""
+    noise = "".join(f"(Worker) INFO line {i}\n" for i in range(60))
+    code = ("import sys; sys.stderr.write(\"(Worker pid=1) ERROR x.py:1] AttributeError: '_OpNamespace' '_C' "
+            "object has no attribute 'cpu_gemm_wna16'\\n\" + " + repr(noise) + " + "
+            "'RuntimeError: Engine core initialization failed.\\n'); sys.exit(1)")
+    proc, art = _bench(tmp_path, [_arm("gptq", code), _arm("ok", "print('{\"tokens_per_s\": 5.0}')")], passes=2)
+    assert proc.returncode == 0, proc.stderr
+    failed = [r for r in art["runs"] if r["tag"] == "gptq"]
+    assert failed and all(r["reason"] == "exit status 1 (AttributeError: '_OpNamespace' '_C' object has no "
+                          "attribute 'cpu_gemm_wna16')" for r in failed), failed[0]["reason"]
+    assert all("cpu_gemm_wna16" not in r["stderr_tail"] for r in failed), "the tail alone would not have said"
