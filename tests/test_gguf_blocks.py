@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, dequantize, quantize
 
-from omni_quant.gguf_blocks import to_cpu_int4
+from omni_quant.gguf_blocks import _F16_FIELDS, stored_values_finite, to_cpu_int4
 
 
 def _ours(codes, s, z):
@@ -48,3 +48,36 @@ def test_wrong_sizes_and_types_are_named():
         to_cpu_int4(np.zeros(70, np.uint8), "Q4_0", 2, 64)
     with pytest.raises(ValueError, match="K=100 is not a multiple of its block of 32"):
         to_cpu_int4(np.zeros(10, np.uint8), "Q4_1", 1, 100)
+
+
+@pytest.mark.parametrize("kind", sorted(_F16_FIELDS))
+def test_stored_values_finite_reads_the_fields_llama_cpp_scales_with(kind):
+    """The fp16 field offsets per block type agree with the gguf package's dequantization: finite
+    fields dequantize to finite values; NaN or inf at any listed field shows in its output."""
+    size, offsets = _F16_FIELDS[kind]
+    t = getattr(GGMLQuantizationType, kind)
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, size=(64, size), dtype=np.uint8)
+    for at in offsets:
+        blocks[:, at:at + 2] = rng.uniform(1e-3, 2e-2, 64).astype(np.float16).view(np.uint8).reshape(64, 2)
+    values_per_block = 256 if kind.endswith("_K") else 32
+    assert stored_values_finite(blocks, kind) is True
+    assert np.isfinite(dequantize(blocks.reshape(1, -1), t)).all()
+    for at in offsets:
+        for bad in (np.nan, np.inf):
+            b = blocks.copy()
+            b[5, at:at + 2] = np.array([bad], dtype=np.float16).view(np.uint8)
+            assert stored_values_finite(b, kind) is False, (kind, at)
+            with np.errstate(invalid="ignore", over="ignore"):  # NaN and inf times the codes, as intended
+                out = dequantize(b.reshape(1, -1), t).reshape(64, values_per_block)
+            assert not np.isfinite(out[5]).all() and np.isfinite(np.delete(out, 5, 0)).all(), (kind, at)
+
+
+def test_stored_values_finite_on_float_tensors_and_unknown_types():
+    x = np.ones(16, np.float32)
+    assert stored_values_finite(x, "F32") and stored_values_finite(x.astype(np.float16), "F16")
+    x[7] = np.inf
+    assert stored_values_finite(x, "F32") is False and stored_values_finite(x.astype(np.float16), "F16") is False
+    bf16 = np.array([0x3F80, 0x7FC0], dtype=np.uint16)  # 1.0, NaN
+    assert stored_values_finite(bf16[:1], "BF16") is True and stored_values_finite(bf16, "BF16") is False
+    assert stored_values_finite(np.zeros(66, np.uint8), "IQ2_XS") is None

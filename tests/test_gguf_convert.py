@@ -87,6 +87,26 @@ def test_bad_gguf_files_are_named_and_nothing_is_written(smollm2_gguf, tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+def test_a_nan_block_scale_is_named_before_calibration(smollm2_gguf, tmp_path):
+    """Breaker finding: a GGUF whose block scale was NaN ended in a traceback from the calibration.
+    The file's scales are read first; the error names the tensor and nothing is written."""
+    from gguf import GGUFReader
+
+    from omni_quant.gguf_convert import convert_gguf
+
+    t = next(x for x in GGUFReader(str(smollm2_gguf)).tensors if x.name == "blk.7.ffn_down.weight")
+    assert t.tensor_type.name == "Q4_1"
+    data = bytearray(smollm2_gguf.read_bytes())
+    at = int(t.data_offset) + 20 * 3 + 2  # block 3's m (Q4_1: fp16 d, fp16 m, 16 bytes of codes)
+    data[at:at + 2] = np.array([np.nan], dtype=np.float16).tobytes()
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data))
+    dst = tmp_path / "out" / "dst"
+    with pytest.raises(ConversionError, match=r"blk\.7\.ffn_down\.weight \(Q4_1\) holds NaN or infinite values"):
+        convert_gguf(bad, dst)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.engine
 def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smollm2_gguf, tmp_path):
     """The first start converts and answers a chat; the second finds the conversion in the cache (its

@@ -22,12 +22,38 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EXACT_TYPES", "GROUP", "to_cpu_int4"]
+__all__ = ["EXACT_TYPES", "GROUP", "stored_values_finite", "to_cpu_int4"]
 
 GROUP = 32
 EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 _BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q4_K": 144}
 _BLOCK_VALUES = {"Q4_0": 32, "Q4_1": 32, "Q4_K": 256}
+
+
+# Block types by their fp16 fields, the only place a quantized block can hold NaN or inf (its codes
+# are integers): (bytes a block, byte offsets of the fp16 fields). llama.cpp ggml-common.h.
+_F16_FIELDS = {"Q4_0": (18, (0,)), "Q4_1": (20, (0, 2)), "Q5_0": (22, (0,)), "Q5_1": (24, (0, 2)),
+               "Q8_0": (34, (0,)), "Q2_K": (84, (80, 82)), "Q3_K": (110, (108,)), "Q4_K": (144, (0, 2)),
+               "Q5_K": (176, (0, 2)), "Q6_K": (210, (208,))}
+
+
+def stored_values_finite(raw: np.ndarray, kind: str) -> bool | None:
+    """Whether a GGUF tensor's bytes can only dequantize to finite values: its F32 / F16 / BF16 data, or
+    the fp16 scales of each block of a quantized type, all finite. Reads the stored bytes only (no
+    dequantization). None for a type not listed here (the caller checks the dequantized values).
+
+    Args:
+        raw: the tensor's bytes as stored (any shape and dtype; viewed as bytes)."""
+    b = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    if kind in ("F32", "F16"):
+        return bool(np.isfinite(b.view(np.float32 if kind == "F32" else np.float16)).all())
+    if kind == "BF16":
+        return not bool(((b.view(np.uint16) & 0x7F80) == 0x7F80).any())  # exponent all ones: inf or NaN
+    if kind not in _F16_FIELDS:
+        return None
+    size, offsets = _F16_FIELDS[kind]
+    blocks = b[: b.size - b.size % size].reshape(-1, size)
+    return all(bool(np.isfinite(blocks[:, at:at + 2].copy().view(np.float16)).all()) for at in offsets)
 
 
 def _f16(raw: np.ndarray, at: int) -> np.ndarray:

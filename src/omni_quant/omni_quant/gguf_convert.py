@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, to_cpu_int4
+from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, stored_values_finite, to_cpu_int4
 
 __all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
 
@@ -118,6 +118,21 @@ def _fits(importance: torch.Tensor | None, w: torch.Tensor) -> torch.Tensor | No
     return importance if importance is not None and importance.numel() == w.shape[1] else None
 
 
+DAMAGED = "the file is damaged (re-download it, or convert the checkpoint it was made from)"
+
+
+def _requantize(writer, module: str, w: torch.Tensor, importance: dict[str, torch.Tensor],
+                what: str) -> tuple[float, int]:
+    """:func:`omni_quant.convert.write_quantized` at group size 32 (SQNR dB, bytes written), its
+    ``ValueError`` (a range no float scale holds) as a ConversionError naming ``what``."""
+    from omni_quant.convert import ConversionError, write_quantized
+
+    try:
+        return write_quantized(writer, module, w, GROUP, _fits(importance.get(module), w))
+    except ValueError as e:
+        raise ConversionError(f"{what}: {e}") from None
+
+
 def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list:
     """Convert the GGUF ``gguf_file`` to a cpu_int4 checkpoint at ``dst``; return the per-tensor report.
 
@@ -138,7 +153,6 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         partial_dir,
         publish,
         write_codes,
-        write_quantized,
         write_report,
     )
     from omni_quant.structure import StructureError, model_structure
@@ -149,6 +163,10 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
     if dst.exists():
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
     reader = _reader(path)
+    for t in reader.tensors:  # first: calibration would blame the layer where a NaN first shows
+        if stored_values_finite(np.asarray(t.data), t.tensor_type.name) is False:
+            raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) holds NaN or infinite "
+                                  f"values; {DAMAGED}")
     tmp, created = partial_dir(dst)
     try:
         config, cfg = _hf_side(path, reader, tmp)
@@ -173,6 +191,9 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             linear = hf.endswith(".weight") and (module in structure.linear or module == "lm_head")
             if linear and kind in EXACT_TYPES and exact_ok and cols % GROUP == 0:
                 codes, s, z = to_cpu_int4(np.asarray(t.data), kind, rows, cols)
+                if not (np.isfinite(s).all() and np.isfinite(z).all()):
+                    raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite block scales; "
+                                          f"{DAMAGED}")
                 codes, s, z = (processor.process(a, t.name).weights for a in (codes, s, z))  # llama q/k rows
                 out_bytes = write_codes(writer, module,
                                         *(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, s, z)))
@@ -186,9 +207,12 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 raise ConversionError(f"{path}: tensor {t.name} is {kind}, which the gguf package cannot "
                                       f"dequantize ({e})") from e
             values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
-            w = torch.from_numpy(np.ascontiguousarray(values)).to(torch.bfloat16)
+            if not np.isfinite(values).all():
+                raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite values; {DAMAGED}")
+            # np.array copies: the file is mapped read-only, and torch warns on a read-only array
+            w = torch.from_numpy(np.array(values, dtype=np.float32)).to(torch.bfloat16)
             if linear:
-                db, out_bytes = write_quantized(writer, module, w, GROUP, _fits(importance.get(module), w))
+                db, out_bytes = _requantize(writer, module, w, importance, f"{path}: tensor {t.name}")
                 per_module[module] = GROUP
                 reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"requantized from {kind}", GROUP,
                                             round(db, 2), int(t.n_bytes), out_bytes, 4))
@@ -199,8 +223,8 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 if tied and hf.endswith("embed_tokens.weight"):
                     head_from = w
         if tied and head_from is not None and not structure.head_is_embedding:
-            db, out_bytes = write_quantized(writer, "lm_head", head_from, GROUP,
-                                            _fits(importance.get("lm_head"), head_from))
+            db, out_bytes = _requantize(writer, "lm_head", head_from, importance,
+                                        f"{path}: token_embd.weight (tied head)")
             per_module["lm_head"] = GROUP
             reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape),
                                         "requantized from the dequantized embedding", GROUP, round(db, 2), 0,
