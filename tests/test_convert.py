@@ -406,3 +406,49 @@ def test_a_config_transformers_refuses_is_named_in_one_line(tmp_path):
     with pytest.raises(ConversionError, match=r"attention heads \(7\)") as err:
         convert(src, tmp_path / "dst", recipe="q4")
     assert "\n" not in str(err.value)
+
+
+def test_nan_in_a_copied_norm_is_refused_by_its_name(tmp_path):
+    """Breaker finding: NaN in a layer norm was copied as it was (q4 recipe) or blamed on another tensor."""
+    bad = torch.ones(128)
+    bad[3] = float("nan")
+    src = write_checkpoint(tmp_path / "src", extra={"model.layers.0.post_attention_layernorm.weight": bad})
+    with pytest.raises(ConversionError, match=r"post_attention_layernorm.weight: holds NaN"):
+        convert(src, tmp_path / "out" / "dst", recipe="q4")
+    assert not (tmp_path / "out").exists()
+
+
+def test_architectures_that_is_not_a_list_of_names_is_named(tmp_path):
+    """Breaker finding: ``"architectures": 5`` raised a TypeError deep in the structure reader."""
+    src = write_checkpoint(tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = 5
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r'"architectures" is 5; it must be a list'):
+        convert(src, tmp_path / "dst", recipe="q4")
+
+
+def test_an_exact_all_zero_weight_keeps_the_report_strict_json(tmp_path):
+    """Breaker finding: an all-zero weight has infinite SQNR, which json wrote as ``Infinity``."""
+    src = write_checkpoint(tmp_path / "src", extra={"model.layers.0.self_attn.o_proj.weight": torch.zeros(128, 128)})
+    convert(src, tmp_path / "dst", recipe="q4")
+    text = (tmp_path / "dst" / "quantization_report.json").read_text()
+    report = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    row = next(r for r in report["tensors"] if r["name"] == "model.layers.0.self_attn.o_proj.weight")
+    assert row["action"] == "quantized" and row["sqnr_db"] is None
+    assert report["min_sqnr_db"] is not None and report["min_sqnr_db"] < 100
+
+
+@pytest.mark.parametrize("name", ["Model.GGUF", "no_suffix"])
+def test_a_gguf_file_is_known_by_its_magic_or_any_case_suffix(tmp_path, name):
+    """Breaker finding: ``.GGUF`` in capitals was taken for a checkpoint directory ("not a directory")."""
+    from omni_quant.cli import _is_gguf
+
+    f = tmp_path / name
+    f.write_bytes(b"GGUF" + b"\x00" * 60)
+    assert _is_gguf(str(f))
+    d = tmp_path / "dir.gguf"
+    d.mkdir()
+    assert not _is_gguf(str(d)) and _is_gguf(str(tmp_path / "missing.Gguf"))
+    (tmp_path / "plain").write_bytes(b"\x00" * 64)
+    assert not _is_gguf(str(tmp_path / "plain"))

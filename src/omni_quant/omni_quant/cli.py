@@ -8,8 +8,25 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 __all__ = ["main"]
+
+
+def _is_gguf(src: str) -> bool:
+    """Whether SRC names a GGUF file: a file starting with the GGUF magic, or a path that is not a
+    directory ending in ``.gguf`` in any case (so that a missing file is reported as a GGUF file)."""
+    path = Path(src)
+    if path.is_dir():
+        return False
+    if path.is_file():
+        try:
+            with path.open("rb") as f:
+                if f.read(4) == b"GGUF":
+                    return True
+        except OSError:
+            pass
+    return src.lower().endswith(".gguf")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +63,7 @@ def _main(argv: list[str] | None) -> int:
     args = ap.parse_args(argv)
 
     try:
-        if args.src.endswith(".gguf"):
+        if _is_gguf(args.src):
             if (args.keep_bf16 or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE
                     or args.recipe != DEFAULT_RECIPE):
                 raise ConversionError("a GGUF file converts at group size 32 to cpu_int4 (its 4-bit blocks); "

@@ -24,11 +24,12 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -69,7 +70,10 @@ class ConversionError(RuntimeError):
 @dataclass
 class TensorReport:
     """One output tensor: name, shape ``[N, K]``, group size (None when copied; K for an 8-bit tensor,
-    one scale per row), SQNR dB, bytes in and out, width in bits (None when copied)."""
+    one scale per row), SQNR dB, bytes in and out, width in bits (None when copied).
+
+    ``sqnr_db`` is None when copied, and also in ``quantization_report.json`` where the reconstruction
+    is exact (an all-zero weight: SQNR infinite, which strict JSON cannot hold)."""
 
     name: str
     shape: list[int]
@@ -245,6 +249,8 @@ def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int]
 def write_report(out: Path, reports: list[TensorReport], **fields) -> dict:
     """``quantization_report.json``: ``fields``, per-tensor rows, bits per weight over the quantized
     tensors, bytes in and out, the lowest SQNR. Returns it."""
+    reports = [replace(r, sqnr_db=None) if r.sqnr_db is not None and not math.isfinite(r.sqnr_db) else r
+               for r in reports]
     quantized = [r for r in reports if r.group_size is not None]
     n_weights = sum(r.shape[0] * r.shape[1] for r in quantized)
     summary = {
@@ -256,7 +262,7 @@ def write_report(out: Path, reports: list[TensorReport], **fields) -> dict:
         "min_sqnr_db": min((r.sqnr_db for r in quantized if r.sqnr_db is not None), default=None),
         "tensors": [asdict(r) for r in reports],
     }
-    (out / "quantization_report.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "quantization_report.json").write_text(json.dumps(summary, indent=1, allow_nan=False) + "\n")
     return summary
 
 
@@ -530,6 +536,9 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
         else:
             if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
                 raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ConversionError(f"{name}: holds NaN or infinite values; the checkpoint is damaged "
+                                      "(re-download it, or convert the checkpoint it was made from)")
             writer.add(name, t)
             nbytes = t.numel() * t.element_size()
             reports.append(TensorReport(name, list(t.shape), "copied", None, None, nbytes, nbytes))

@@ -11,6 +11,7 @@ serve is refused by name.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,9 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise StructureError(f"{src}/config.json: \"architectures\" is {json.dumps(archs)}; it must be a list of "
+                             "class names such as [\"Qwen2ForCausalLM\"] (fix config.json)")
     arch, fused, head_is_embedding = _vllm_architecture(list(archs))
     try:
         hf_config = AutoConfig.from_pretrained(str(src))
