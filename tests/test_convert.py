@@ -111,7 +111,7 @@ def test_c08_k_no_group_divides_is_refused_at_conversion(tmp_path):
 def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
     src = tmp_path / "src"
     dst = tmp_path / "out" / "dst"
-    expect = {"missing_dir": "not a directory", "no_config": "config.json is missing",
+    expect = {"missing_dir": "does not exist", "no_config": "config.json is missing",
               "bad_json": "not a readable JSON file",
               "no_weights": "no model.safetensors", "corrupt": "not a readable safetensors",
               "truncated": "not a readable safetensors", "int_dtype": "dtype torch.int32",
@@ -426,6 +426,16 @@ def test_architectures_that_is_not_a_list_of_names_is_named(tmp_path):
     (src / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConversionError, match=r'"architectures" is 5; it must be a list'):
         convert(src, tmp_path / "dst", recipe="q4")
+    cfg["architectures"] = []
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConversionError, match=r'config.json has no "architectures"'):
+        convert(src, tmp_path / "dst", recipe="q4")
+
+
+def test_a_file_that_is_neither_checkpoint_nor_gguf_is_named(tmp_path):
+    (tmp_path / "junk").write_text("not a model")
+    with pytest.raises(ConversionError, match="is a file but neither a checkpoint directory nor a GGUF file"):
+        convert(tmp_path / "junk", tmp_path / "dst", recipe="q4")
 
 
 def test_an_exact_all_zero_weight_keeps_the_report_strict_json(tmp_path):

@@ -348,8 +348,10 @@ def _check_request(src: Path, dst: Path, fmt: str, group_size: int, keep_bf16: l
         keep.append("lm_head")  # vLLM's GPTQ path quantizes the head only with lm_head: true; GPTQ keeps it
     if group_size not in GROUP_SIZES:
         raise ConversionError(f"--group-size {group_size} is not one of {GROUP_SIZES}")
+    if not src.exists():
+        raise ConversionError(f"source {src} does not exist")
     if not src.is_dir():
-        raise ConversionError(f"source {src} is not a directory")
+        raise ConversionError(f"source {src} is a file but neither a checkpoint directory nor a GGUF file")
     if dst.exists():
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
     if dst.resolve().is_relative_to(src.resolve()):

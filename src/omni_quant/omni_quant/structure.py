@@ -123,6 +123,9 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     archs = config.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if not archs:
+        raise StructureError(f"{src}/config.json has no \"architectures\"; it must list the model's class, such "
+                             "as [\"Qwen2ForCausalLM\"] (fix config.json)")
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise StructureError(f"{src}/config.json: \"architectures\" is {json.dumps(archs)}; it must be a list of "
                              "class names such as [\"Qwen2ForCausalLM\"] (fix config.json)")
