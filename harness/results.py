@@ -63,9 +63,10 @@ TABLE_BEGIN = "<!-- results-table: "
 TABLE_END = "<!-- /results-table -->"
 
 
-def table(path: Path, metrics: list[str] | None = None) -> str:
+def table(path: Path, metrics: list[str] | None = None, source: str | None = None) -> str:
     """Markdown of a bench artifact: one row per arm, the median of each metric (``-`` where the arm
-    has none; ``n=1`` marked), then the judge's verdict for each metric and the artifact's labels.
+    has none; ``n=1`` marked), then the judge's verdict for each metric, each naming the artifact
+    (``source``, default ``path``) on its own line, and the artifact's labels.
     The only way figures enter README and docs (``docs`` regenerates them; a test compares)."""
     from harness.judge import judge_runs
     from harness.metrics import get_metric
@@ -91,7 +92,7 @@ def table(path: Path, metrics: list[str] | None = None) -> str:
                 cells.append(f"{row['median']:.2f}{mark}")
         lines.append(f"| `{tag}` | " + " | ".join(cells) + " |")
     lines.append("")
-    lines += [f"- `{m}`: {verdicts[m]['text']}" for m in names]
+    lines += [f"- `{m}` (`{source or path}`): {verdicts[m]['text']}" for m in names]
     if data.get("labels"):
         lines.append(f"- labels: {'; '.join(_label_names(data['labels']))}")
     return "\n".join(lines)
@@ -144,7 +145,7 @@ def render_docs(files: list[Path], write: bool = True) -> list[Path]:
             metrics = next((a.split("=", 1)[1].split(",") for a in spec[1:] if a.startswith("metrics=")), None)
             arts = [a for a in spec if not a.startswith("metrics=")]
             kind = json.loads((repo / arts[0]).read_text()).get("kind", "bench")
-            body = table(repo / arts[0], metrics) if kind == "bench" else fidelity_table(arts)
+            body = table(repo / arts[0], metrics, arts[0]) if kind == "bench" else fidelity_table(arts)
             out += [text[pos:head_end], "\n", body, "\n"]
             pos = end
         out.append(text[pos:])
