@@ -67,6 +67,9 @@ class ConversionError(RuntimeError):
     """Input the converter cannot use; the message says what and what to do. Nothing was written."""
 
 
+DAMAGED = "the checkpoint is damaged (re-download it, or convert the checkpoint it was made from)"
+
+
 @dataclass
 class TensorReport:
     """One output tensor: name, shape ``[N, K]``, group size (None when copied; K for an 8-bit tensor,
@@ -539,8 +542,7 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             if t.is_floating_point() and t.dtype not in FLOAT_DTYPES:
                 raise ConversionError(f"{name}: dtype {t.dtype} is not supported (bf16, fp16, fp32)")
             if t.is_floating_point() and not bool(torch.isfinite(t).all()):
-                raise ConversionError(f"{name}: holds NaN or infinite values; the checkpoint is damaged "
-                                      "(re-download it, or convert the checkpoint it was made from)")
+                raise ConversionError(f"{name}: holds NaN or infinite values; {DAMAGED}")
             writer.add(name, t)
             nbytes = t.numel() * t.element_size()
             reports.append(TensorReport(name, list(t.shape), "copied", None, None, nbytes, nbytes))
@@ -568,8 +570,7 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
     if w.dim() != 2:
         raise ConversionError(f"{source_name}: expected a 2-D weight, got shape {tuple(w.shape)}")
     if not bool(torch.isfinite(w).all()):
-        raise ConversionError(f"{source_name}: holds NaN or infinite values; the checkpoint is damaged "
-                              "(re-download it, or convert the checkpoint it was made from)")
+        raise ConversionError(f"{source_name}: holds NaN or infinite values; {DAMAGED}")
     bytes_in = w.numel() * w.element_size()
     label = source_name if source_name == f"{module}.weight" else f"{module}.weight <- {source_name}"
     if fmt == "cpu_int4" and recipe.bits_for(module, head) == 8:

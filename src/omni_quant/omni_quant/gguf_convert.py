@@ -163,10 +163,14 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
     if dst.exists():
         raise ConversionError(f"destination {dst} exists; choose a new path or remove it first")
     reader = _reader(path)
+    unchecked = set()  # tensors of a type whose stored bytes say nothing; checked once dequantized
     for t in reader.tensors:  # first: calibration would blame the layer where a NaN first shows
-        if stored_values_finite(np.asarray(t.data), t.tensor_type.name) is False:
+        finite = stored_values_finite(np.asarray(t.data), t.tensor_type.name)
+        if finite is False:
             raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) holds NaN or infinite "
                                   f"values; {DAMAGED}")
+        if finite is None:
+            unchecked.add(t.name)
     tmp, created = partial_dir(dst)
     try:
         config, cfg = _hf_side(path, reader, tmp)
@@ -190,10 +194,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             rows, cols = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (None, None)
             linear = hf.endswith(".weight") and (module in structure.linear or module == "lm_head")
             if linear and kind in EXACT_TYPES and exact_ok and cols % GROUP == 0:
-                codes, s, z = to_cpu_int4(np.asarray(t.data), kind, rows, cols)
-                if not (np.isfinite(s).all() and np.isfinite(z).all()):
-                    raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite block scales; "
-                                          f"{DAMAGED}")
+                codes, s, z = to_cpu_int4(np.asarray(t.data), kind, rows, cols)  # scales checked above
                 codes, s, z = (processor.process(a, t.name).weights for a in (codes, s, z))  # llama q/k rows
                 out_bytes = write_codes(writer, module,
                                         *(torch.from_numpy(np.ascontiguousarray(a)) for a in (codes, s, z)))
@@ -207,7 +208,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 raise ConversionError(f"{path}: tensor {t.name} is {kind}, which the gguf package cannot "
                                       f"dequantize ({e})") from e
             values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
-            if not np.isfinite(values).all():
+            if t.name in unchecked and not np.isfinite(values).all():
                 raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite values; {DAMAGED}")
             # np.array copies: the file is mapped read-only, and torch warns on a read-only array
             w = torch.from_numpy(np.array(values, dtype=np.float32)).to(torch.bfloat16)
