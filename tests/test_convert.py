@@ -462,3 +462,54 @@ def test_a_gguf_file_is_known_by_its_magic_or_any_case_suffix(tmp_path, name):
     assert not _is_gguf(str(d)) and _is_gguf(str(tmp_path / "missing.Gguf"))
     (tmp_path / "plain").write_bytes(b"\x00" * 64)
     assert not _is_gguf(str(tmp_path / "plain"))
+
+
+@pytest.mark.parametrize("how", [{"recipe": "q4"}, {"recipe": "q8"}, {"fmt": "gptq"}], ids=["q4", "q8", "gptq"])
+def test_a_weight_whose_shape_config_json_contradicts_is_refused_under_every_recipe(tmp_path, how):
+    """Breaker finding: a transposed or wrong-size weight converted with exit 0 under the recipes that
+    do not calibrate (only the calibrated default noticed); vLLM then failed at load. Now refused by
+    name, with both shapes, before anything is published."""
+    down = torch.randn(256, 128) * 0.05  # config says [hidden=128, intermediate=256]: transposed
+    src = write_checkpoint(tmp_path / "src", extra={"model.layers.0.mlp.down_proj.weight": down})
+    with pytest.raises(ConversionError, match=r"down_proj.weight: shape \(256, 128\).*\(128, 256\).*transposed"):
+        convert(src, tmp_path / "out" / "dst", **how)
+    assert not (tmp_path / "out").exists()
+    wide = torch.randn(128, 160) * 0.05  # another model's hidden size: not a transpose
+    src2 = write_checkpoint(tmp_path / "src2", extra={"model.layers.0.self_attn.o_proj.weight": wide})
+    with pytest.raises(ConversionError, match=r"o_proj.weight: shape \(128, 160\).*\(128, 128\)") as err:
+        convert(src2, tmp_path / "out2" / "dst", **how)
+    assert "transposed" not in str(err.value) and not (tmp_path / "out2").exists()
+
+
+def test_sigterm_during_a_conversion_removes_the_partial_output(tmp_path):
+    """Breaker finding: SIGTERM left ``.DST.partial-*`` behind with no message. A real SIGTERM to a
+    real CLI process, sent while its tensors are being written (the writer is held at its first
+    tensor until the signal comes): one line, exit 143, no DST, no partial."""
+    import signal
+    import time
+
+    src = write_checkpoint(tmp_path / "src")
+    ready = tmp_path / "writing"
+    script = (
+        "import sys, time, pathlib\n"
+        "from omni_quant import cli, convert\n"
+        "real = convert._ShardWriter.add\n"
+        "def add(self, name, t):\n"
+        f"    pathlib.Path({str(ready)!r}).touch()\n"
+        "    time.sleep(60)\n"
+        "    return real(self, name, t)\n"
+        "convert._ShardWriter.add = add\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(src), str(out / "dst"), "--recipe", "q4"],
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the conversion never reached its first tensor"
+    assert [p.name for p in out.iterdir()][0].startswith(".dst.partial-"), "the partial output exists now"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == f"omni-quant: terminated (SIGTERM); nothing written at {out / 'dst'}"
+    assert not out.exists(), list(out.iterdir())

@@ -36,8 +36,17 @@ inline int32_t load4(const int8_t* p) {
   return v;
 }
 
-template <int MR>
-void block_rows(const Args& a, int64_t b, int64_t r0) {
+// MR rows of one block; NA int32 accumulators per row. Decode (MR <= 3) keeps four independent
+// chains per row: vpdpbusd has a latency of about 5 cycles, one chain per row would bound M = 1 by
+// latency, not by memory. At prefill (MR >= 4) there are enough chains across the rows, and two
+// per row leave fewer adds for the per-group epilogue, which at group size 32 is a third of the
+// work. Each group's first accumulator starts at -8 * xsum (the codes' offset of 8, w = (q - 8) * s
+// + z), so no subtraction is left for the epilogue either; the integers are the same, so is y.
+// `prefetch`: software prefetch of the weight stream, for calls that read the weights from memory
+// once (few rows); at prefill each block's weights are reread from cache by every row tile.
+template <int MR, int NA>
+void block_rows(const Args& a, int64_t b, int64_t r0, bool prefetch) {
+  static_assert(NA == 2 || NA == 4, "two or four accumulators per row");
   const int64_t k = a.k, g = a.group_size, groups = k / g, chunks = g / 8;
   const uint8_t* wb = a.w + b * (k / 8) * 64;
   const uint16_t* szb = a.sz + b * groups * 32;
@@ -45,15 +54,18 @@ void block_rows(const Args& a, int64_t b, int64_t r0) {
   __m512 facc[MR];
   for (int r = 0; r < MR; ++r) facc[r] = _mm512_setzero_ps();
   for (int64_t j = 0; j < groups; ++j) {
-    // Four independent accumulators per row (low/high nibbles x even/odd chunk): vpdpbusd has a
-    // latency of about 5 cycles, one chain per row would bound M = 1 by latency, not by memory.
-    __m512i acc[MR][4];
-    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm512_setzero_si512();
+    __m512i acc[MR][NA];
+    for (int r = 0; r < MR; ++r) {
+      acc[r][0] = _mm512_set1_epi32(-8 * a.xsum[(r0 + r) * groups + j]);
+      for (int i = 1; i < NA; ++i) acc[r][i] = _mm512_setzero_si512();
+    }
     const uint8_t* wj = wb + j * chunks * 64;
     const int8_t* xj = a.xq + r0 * k + j * g;
     for (int64_t c = 0; c < chunks; c += 2) {  // chunks = group_size / 8 is even (group_size % 16 == 0)
-      _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes + 64), _MM_HINT_T0);
+      if (prefetch) {
+        _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes + 64), _MM_HINT_T0);
+      }
       __m512i v0 = _mm512_loadu_si512(wj + c * 64);
       __m512i v1 = _mm512_loadu_si512(wj + c * 64 + 64);
       __m512i lo0 = _mm512_and_si512(v0, low4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
@@ -62,17 +74,17 @@ void block_rows(const Args& a, int64_t b, int64_t r0) {
         const int8_t* xr = xj + r * k + c * 8;
         acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], lo0, _mm512_set1_epi32(load4(xr)));
         acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], hi0, _mm512_set1_epi32(load4(xr + 4)));
-        acc[r][2] = _mm512_dpbusd_epi32(acc[r][2], lo1, _mm512_set1_epi32(load4(xr + 8)));
-        acc[r][3] = _mm512_dpbusd_epi32(acc[r][3], hi1, _mm512_set1_epi32(load4(xr + 12)));
+        acc[r][NA - 2] = _mm512_dpbusd_epi32(acc[r][NA - 2], lo1, _mm512_set1_epi32(load4(xr + 8)));
+        acc[r][NA - 1] = _mm512_dpbusd_epi32(acc[r][NA - 1], hi1, _mm512_set1_epi32(load4(xr + 12)));
       }
     }
     __m512 s = bf16x16_to_f32(szb + j * 32);
     __m512 z = bf16x16_to_f32(szb + j * 32 + 16);
     for (int r = 0; r < MR; ++r) {
       const int64_t rg = (r0 + r) * groups + j;
-      __m512i sum = _mm512_add_epi32(_mm512_add_epi32(acc[r][0], acc[r][1]), _mm512_add_epi32(acc[r][2], acc[r][3]));
-      __m512 t = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum, _mm512_set1_epi32(8 * a.xsum[rg])));
-      facc[r] = _mm512_fmadd_ps(t, _mm512_mul_ps(s, _mm512_set1_ps(a.xs[rg])), facc[r]);
+      __m512i sum = _mm512_add_epi32(acc[r][0], acc[r][1]);
+      if constexpr (NA == 4) sum = _mm512_add_epi32(sum, _mm512_add_epi32(acc[r][2], acc[r][3]));
+      facc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, _mm512_set1_ps(a.xs[rg])), facc[r]);
       facc[r] = _mm512_fmadd_ps(z, _mm512_set1_ps(a.xf[rg]), facc[r]);
     }
   }
@@ -89,17 +101,28 @@ void block_rows(const Args& a, int64_t b, int64_t r0) {
   }
 }
 
+// Rows in tiles of kRowTile per pass over the thread's blocks (as kernel_avx2.cpp: the tile's int8
+// activations stay in L2 while the blocks stream), 8 rows at a time inside a tile (each unpacked
+// weight vector feeds 8 rows), then 4, then the rest.
+constexpr int64_t kRowTile = 64;
+constexpr int64_t kPrefetchMaxRows = 16;  // as harness/kernel_bench.py's MEMORY_BOUND_ROWS
+
 }  // namespace
 
 void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
-  for (int64_t b = b0; b < b1; ++b) {
-    int64_t r = 0;
-    for (; r + 4 <= a.m; r += 4) block_rows<4>(a, b, r);
-    switch (a.m - r) {
-      case 3: block_rows<3>(a, b, r); break;
-      case 2: block_rows<2>(a, b, r); break;
-      case 1: block_rows<1>(a, b, r); break;
-      default: break;
+  const bool prefetch = a.m <= kPrefetchMaxRows;
+  for (int64_t t0 = 0; t0 < a.m; t0 += kRowTile) {
+    const int64_t t1 = t0 + kRowTile < a.m ? t0 + kRowTile : a.m;
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t r = t0;
+      for (; r + 8 <= t1; r += 8) block_rows<8, 2>(a, b, r, prefetch);
+      for (; r + 4 <= t1; r += 4) block_rows<4, 2>(a, b, r, prefetch);
+      switch (t1 - r) {
+        case 3: block_rows<3, 4>(a, b, r, prefetch); break;
+        case 2: block_rows<2, 4>(a, b, r, prefetch); break;
+        case 1: block_rows<1, 4>(a, b, r, prefetch); break;
+        default: break;
+      }
     }
   }
 }

@@ -7,10 +7,20 @@ SRC is a Hugging Face checkpoint directory, or a llama.cpp ``.gguf`` file (conve
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
 __all__ = ["main"]
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread: a conversion under way removes its partial output on the
+    way out (``convert`` and ``convert_gguf`` discard it on any BaseException), as on Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
 
 
 def _is_gguf(src: str) -> bool:
@@ -34,12 +44,19 @@ def main(argv: list[str] | None = None) -> int:
 
     Ctrl-C at any point, the seconds spent importing torch included, ends with one line, not a
     traceback; a conversion under way removes its partial output first (:func:`omni_quant.convert.convert`).
+    SIGTERM (``kill``, a container stopping) does the same and exits 143 (128 + 15).
     """
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _main(argv)
     except KeyboardInterrupt:
         print("omni-quant: interrupted; nothing written", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("omni-quant: terminated (SIGTERM); nothing written", file=sys.stderr)
+        return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> int:
@@ -80,6 +97,9 @@ def _main(argv: list[str] | None) -> int:
     except KeyboardInterrupt:
         print(f"omni-quant: interrupted; nothing written at {args.dst}", file=sys.stderr)
         return 130
+    except _Terminated:
+        print(f"omni-quant: terminated (SIGTERM); nothing written at {args.dst}", file=sys.stderr)
+        return 143
     q = [r for r in reports if r.group_size is not None]
     dbs = [r.sqnr_db for r in q if r.sqnr_db is not None]
     print(f"quantized {len(q)} tensors (of them repacked without requantization: "

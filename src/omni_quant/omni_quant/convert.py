@@ -305,7 +305,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
 
     Raises:
         ConversionError: missing or corrupt input, an architecture vLLM does not serve, an
-            unsupported dtype, an existing ``dst``, an untied config without ``lm_head.weight``,
+            unsupported dtype, a weight whose shape ``config.json`` contradicts, an existing ``dst``,
+            an untied config without ``lm_head.weight``,
             a keep list naming part of a fused layer, a K no supported group size divides, an
             unknown recipe or one ``fmt="gptq"`` cannot hold. ``dst`` does not exist afterwards then.
     """
@@ -522,7 +523,8 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
     Raises:
         ConversionError: an unreadable tensor, an unsupported dtype, a NaN/inf or non-2-D weight,
             a K no group size divides, a group whose range no float scale holds (magnitudes
-            near the float32 maximum), a shape GPTQ's format cannot hold."""
+            near the float32 maximum), a shape GPTQ's format cannot hold, a linear weight whose shape
+            is not the one ``config.json`` gives it."""
     from safetensors import SafetensorError, safe_open
 
     reports: list[TensorReport] = []
@@ -536,6 +538,7 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             continue  # tied and kept in bf16: vLLM ties it to the embedding
         module = name.rsplit(".", 1)[0]
         if plan.quantizes(name):
+            _check_shape(t, name, plan.structure.shapes.get(module), plan.structure.architecture)
             reports.append(_quantize_one(writer, module, t, name, fmt, group_size, recipe, importance.get(module),
                                          plan.structure.head))
         else:
@@ -553,8 +556,26 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             raise ConversionError(f"{plan.src}: tied config but no embed_tokens.weight to build lm_head from")
         with safe_open(str(names[embed]), framework="pt") as f:
             w = f.get_tensor(embed)
+        _check_shape(w, embed, plan.structure.shapes.get("lm_head"), plan.structure.architecture)
         reports.append(_quantize_one(writer, "lm_head", w, embed, fmt, group_size, recipe, importance.get("lm_head")))
     return reports
+
+
+def _check_shape(w: torch.Tensor, source_name: str, expected: tuple[int, int] | None, arch: str) -> None:
+    """Refuse a linear weight whose shape is not the ``[out_features, in_features]`` that transformers
+    builds for this ``config.json`` (``expected``; None: not known, nothing to check). Every recipe and
+    format reaches this, not only the calibrated default, whose model would also refuse it.
+
+    Raises:
+        ConversionError: naming the tensor, both shapes and the likely causes."""
+    if expected is None or w.dim() != 2 or tuple(w.shape) == tuple(expected):
+        return
+    transposed = tuple(w.shape) == tuple(reversed(expected))
+    raise ConversionError(
+        f"{source_name}: shape {tuple(w.shape)}, but {arch} built from this config.json has it as "
+        f"{tuple(expected)} (out_features, in_features)" + ("; it is transposed" if transposed else "") +
+        "; the checkpoint does not match its config.json (a tensor from another model size, or a wrong "
+        "hidden_size / intermediate_size / vocab_size)")
 
 
 def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name: str, fmt: str,

@@ -45,11 +45,12 @@ else:
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
 BLOCK_N = 16
-KERNEL_REVISION = 4
+KERNEL_REVISION = 5
 """Bumped when the compiled kernels change speed or results: part of the key of cached
 measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
 int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
-quantized in pieces across the threads."""
+quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
+accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows."""
 
 
 def available() -> bool:

@@ -33,7 +33,8 @@ class ModelStructure:
     ``embeddings``: of the input embeddings; ``fused``: vLLM's fused name -> the checkpoint short
     names it is made of; ``architecture``: the vLLM architecture served; ``head``: the checkpoint
     name of the output head (transformers' ``get_output_embeddings()``: ``lm_head`` for most,
-    ``embed_out`` for GPT-NeoX)."""
+    ``embed_out`` for GPT-NeoX); ``shapes``: checkpoint module name of each linear layer -> the
+    ``(out_features, in_features)`` its weight must have under this ``config.json``."""
 
     architecture: str
     linear: frozenset[str]
@@ -43,6 +44,7 @@ class ModelStructure:
     """vLLM's model computes the logits with the input embedding itself (Gemma, Cohere, MPT: it
     asserts ``tie_word_embeddings``), so the output head cannot be a separate quantized layer."""
     head: str = "lm_head"
+    shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def partners(self, short: str) -> tuple[str, ...] | None:
         """The members of the fused layer ``short`` belongs to (itself included), or None."""
@@ -142,12 +144,13 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
         raise StructureError(f"transformers {transformers_version()} cannot build {arch} from {src}/config.json "
                              f"({type(exc).__name__}: {why})") from exc
     names = checkpoint_names(model)
-    linear = frozenset(names[name] for name, m in model.named_modules()
-                       if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES)
+    shapes = {names[name]: (m.out_features, m.in_features) for name, m in model.named_modules()
+              if isinstance(m, torch.nn.Linear) and m.out_features >= MIN_OUT_FEATURES}
+    linear = frozenset(shapes)
     embeddings = frozenset(names[name] for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
     out = model.get_output_embeddings()
     head = next((names[name] for name, m in model.named_modules() if m is out and name), "lm_head")
-    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding, head)
+    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding, head, shapes)
 
 
 def checkpoint_names(model) -> dict[str, str]:
