@@ -23,6 +23,14 @@ def _on_sigterm(signum, frame):
     raise _Terminated
 
 
+def _stopped(exc: BaseException, where: str = "") -> int:
+    """The one line for Ctrl-C or SIGTERM (``where``: " at DST" once DST is known), and the exit code."""
+    terminated = isinstance(exc, _Terminated)
+    print(f"omni-quant: {'terminated (SIGTERM)' if terminated else 'interrupted'}; nothing written{where}",
+          file=sys.stderr)
+    return 143 if terminated else 130
+
+
 def _is_gguf(src: str) -> bool:
     """Whether SRC names a GGUF file: a file starting with the GGUF magic, or a path that is not a
     directory ending in ``.gguf`` in any case (so that a missing file is reported as a GGUF file)."""
@@ -49,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("omni-quant: interrupted; nothing written", file=sys.stderr)
-        return 130
-    except _Terminated:
-        print("omni-quant: terminated (SIGTERM); nothing written", file=sys.stderr)
-        return 143
+    except (KeyboardInterrupt, _Terminated) as e:
+        return _stopped(e)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -94,12 +98,8 @@ def _main(argv: list[str] | None) -> int:
     except ConversionError as e:
         print(f"omni-quant: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"omni-quant: interrupted; nothing written at {args.dst}", file=sys.stderr)
-        return 130
-    except _Terminated:
-        print(f"omni-quant: terminated (SIGTERM); nothing written at {args.dst}", file=sys.stderr)
-        return 143
+    except (KeyboardInterrupt, _Terminated) as e:
+        return _stopped(e, f" at {args.dst}")
     q = [r for r in reports if r.group_size is not None]
     dbs = [r.sqnr_db for r in q if r.sqnr_db is not None]
     print(f"quantized {len(q)} tensors (of them repacked without requantization: "
