@@ -1,6 +1,8 @@
 """omni_quant.native: omni's W4A8 kernel, every instruction-set path this CPU runs, against the
 dequantize-then-matmul reference; the prefill (dequantize + bf16 GEMM) path; the errors; inductor."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -128,6 +130,48 @@ def test_dequantize_is_bit_exact_and_the_prefill_path_is_a_bf16_gemm_on_it():
     below = native.linear(x, w, sz, 64, b, dequant_min_rows=21)  # 20 rows < 21: the integer kernel
     assert not torch.equal(below, F.linear(x, wd, b))
     assert sqnr_db(F.linear(x, wd, b), below) >= 38.0
+
+
+def _step(*rows):
+    """vLLM's forward context of an engine step whose requests have these query lengths (rows)."""
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
+
+    starts = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32)
+    metadata = CPUAttentionMetadata(num_actual_tokens=int(starts[-1]), max_query_len=max(rows), query_start_loc=starts,
+                                    max_seq_len=max(rows), seq_lens=torch.tensor(rows, dtype=torch.int32),
+                                    block_table=torch.zeros(len(rows), 1, dtype=torch.int32),
+                                    slot_mapping=torch.arange(int(starts[-1])), scheduler_metadata=None)
+    return ForwardContext(no_compile_layers={}, attn_metadata={"model.layers.0.self_attn.attn": metadata},
+                          slot_mapping={})
+
+
+def test_the_prefill_path_is_chosen_per_sequence_of_the_engine_step():
+    """C09: in a step of requests with 3, 20, 5 and 24 tokens (then 4 padding rows), from 16 rows
+    on, the 20- and 24-token requests take the bf16 GEMM on their own rows and the others the W4A8
+    kernel: each request's rows are bit-equal to the request run alone."""
+    from vllm.forward_context import override_forward_context
+
+    q, s, z, gen = _layer(48, 256, 64, 7)
+    w, sz = native.repack(q, s, z)
+    wd = native.dequantize(w, sz, 64)
+    b = torch.randn(48, generator=gen).to(torch.bfloat16)
+    rows = (3, 20, 5, 24)
+    x = torch.randn(sum(rows) + 4, 256, generator=gen).to(torch.bfloat16)
+    with override_forward_context(_step(*rows)):
+        batched = native.linear(x, w, sz, 64, b, dequant_min_rows=16)
+    r0 = 0
+    for n, alone_rows in zip((*rows, 4), ((3,), (20,), (5,), (24,), None), strict=True):
+        xr = x[r0:r0 + n]
+        with override_forward_context(_step(*alone_rows) if alone_rows else None):
+            alone = native.linear(xr, w, sz, 64, b, dequant_min_rows=16)
+        assert torch.equal(batched[r0:r0 + n], alone), (r0, n)
+        expected = F.linear(xr, wd, b) if n >= 16 else native.linear(xr, w, sz, 64, b)
+        assert torch.equal(alone, expected), (r0, n)
+        r0 += n
+    # a step that does not describe the call's rows (more rows than it has): the call is one sequence
+    with override_forward_context(_step(40, 40)):
+        assert torch.equal(native.linear(x, w, sz, 64, b, dequant_min_rows=16), F.linear(x, wd, b))
 
 
 def test_float16_activations_go_through_float32():

@@ -25,11 +25,15 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def int4_run(int4_model_dir):
-    """C05 + C09: explicit quantization="cpu_int4", a script that imports nothing of omni before LLM()."""
+    """C05 + C09: explicit quantization="cpu_int4", a script that imports nothing of omni before LLM().
+
+    OMNI_INT4_DEQUANT_MIN_ROWS=6 instead of the measured row count: the prompts have 3 to 14
+    tokens (49 together), so on every machine the batched prefill step holds requests on both
+    sides of the prefill switch, which C09 must see decided per request, not per step."""
     config = {"llm": {"model": str(int4_model_dir), "enforce_eager": True, "quantization": "cpu_int4",
                       "max_num_seqs": 8, "max_model_len": 512},
               "prompts": PROMPTS, "max_tokens": 32, "also_alone": True, "ledger": True}
-    return run_engine(config, clean_env(VLLM_PLUGINS="omni"))
+    return run_engine(config, clean_env(VLLM_PLUGINS="omni", OMNI_INT4_DEQUANT_MIN_ROWS="6"))
 
 
 def test_c05_registration_reaches_engine_core_and_worker(int4_run):

@@ -11,6 +11,7 @@
 
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "w4a8.h"
 
@@ -130,42 +131,12 @@ int64_t quant_pieces(int64_t m, int64_t groups, int64_t group_size) {
   return 1;
 }
 
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
-                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
-                       const c10::optional<at::Tensor>& dequant_rows) {
-  const std::string isa = resolve_isa(isa_arg);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "omni_quant.w4a8_linear: x must be a contiguous [M, K] tensor");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
-  check_weights(w, sz, k, group_size);
-  if (bias.has_value() && bias->defined())
-    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
-  // A tensor, not an int: a compiled graph then reads the measured row count at run time
-  // instead of baking the value it was traced with into the cached artifact.
-  int64_t dequant_min_rows = 0;
-  if (dequant_rows.has_value() && dequant_rows->defined()) {
-    TORCH_CHECK(dequant_rows->numel() == 1 && dequant_rows->scalar_type() == at::kLong,
-                "omni_quant.w4a8_linear: dequant_rows must be one int64");
-    dequant_min_rows = dequant_rows->item<int64_t>();
-  }
-  if (dequant_min_rows > 0 && m >= dequant_min_rows) {
-    // Prefill: many rows make the GEMM compute-bound; a bf16 GEMM (AMX / AVX512-BF16 where the
-    // CPU has them) on the weight dequantized for this call can beat the integer kernel.
-    std::lock_guard<std::mutex> guard(scratch_mutex);
-    at::Tensor wd = dequantize_into(w, sz, group_size, isa, scratch_for(n, k));
-    c10::optional<at::Tensor> b16;
-    if (bias.has_value() && bias->defined()) b16 = bias->to(at::kBFloat16);
-    return at::linear(x.to(at::kBFloat16), wd, b16).to(x.scalar_type());
-  }
-  const int64_t groups = k / group_size;
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
-    b = bias->to(at::kFloat).contiguous();
-  }
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
+// The W4A8 kernel on x [M, K] into out [M, N] (contiguous rows of the caller's tensors); bias
+// float32 [N] or undefined.
+void native_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
+                 const at::Tensor& b, const std::string& isa, at::Tensor out) {
+  const int64_t m = x.size(0), k = x.size(1), n = out.size(1), groups = k / group_size;
+  if (m == 0) return;
   at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
   at::Tensor xs = at::empty({m, groups}, x.options().dtype(at::kFloat));
   at::Tensor xf = at::empty({m, groups}, x.options().dtype(at::kFloat));
@@ -188,6 +159,101 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
          xs.data_ptr<float>(), xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
          out.data_ptr(), m, n, k, group_size, x.scalar_type() == at::kBFloat16 ? 1 : 0};
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
+}
+
+// Row boundaries of the sequences among a call's m rows: {0, s1, ..., m}, from
+// omni_quant.batch_rows.sequence_row_starts() (vLLM's query_start_loc of the running step). {0, m}
+// when there is no step (direct calls), on any Python error, or when the step's rows do not
+// describe these m rows (more rows than the call has, not ascending, not starting at 0). Rows past
+// the step's total (padding) are one more range.
+std::vector<int64_t> sequence_bounds(int64_t m) {
+  std::vector<int64_t> starts;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* mod = PyImport_ImportModule("omni_quant.batch_rows");
+  PyObject* res = mod ? PyObject_CallMethod(mod, "sequence_row_starts", nullptr) : nullptr;
+  if (res && PyTuple_Check(res)) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(res); ++i) {
+      const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(res, i));
+      if (v == -1 && PyErr_Occurred()) {
+        starts.clear();
+        break;
+      }
+      starts.push_back(v);
+    }
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  Py_XDECREF(res);
+  Py_XDECREF(mod);
+  PyGILState_Release(gil);
+  bool fits = !starts.empty() && starts.front() == 0 && starts.back() <= m;
+  for (size_t i = 1; fits && i < starts.size(); ++i) fits = starts[i] >= starts[i - 1];
+  std::vector<int64_t> bounds{0};
+  if (fits)
+    for (int64_t s : starts)
+      if (s > bounds.back()) bounds.push_back(s);
+  if (bounds.back() < m) bounds.push_back(m);
+  return bounds;
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
+                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
+                       const c10::optional<at::Tensor>& dequant_rows) {
+  const std::string isa = resolve_isa(isa_arg);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "omni_quant.w4a8_linear: x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
+              "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
+  check_weights(w, sz, k, group_size);
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
+    b = bias->to(at::kFloat).contiguous();
+  }
+  // A tensor, not an int: a compiled graph then reads the measured row count at run time
+  // instead of baking the value it was traced with into the cached artifact.
+  int64_t dequant_min_rows = 0;
+  if (dequant_rows.has_value() && dequant_rows->defined()) {
+    TORCH_CHECK(dequant_rows->numel() == 1 && dequant_rows->scalar_type() == at::kLong,
+                "omni_quant.w4a8_linear: dequant_rows must be one int64");
+    dequant_min_rows = dequant_rows->item<int64_t>();
+  }
+  at::Tensor out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  if (dequant_min_rows > 0 && m >= dequant_min_rows) {
+    // Prefill: many rows make the GEMM compute-bound; a bf16 GEMM (AMX / AVX512-BF16 where the
+    // CPU has them) on the weight dequantized for this call can beat the integer kernel. Chosen
+    // per sequence, not for the call's rows: a sequence of at least dequant_min_rows rows takes
+    // the bf16 GEMM on its own rows, the others the W4A8 kernel, so a request's numbers do not
+    // depend on the requests it is batched with (omni_quant/batch_rows.py).
+    const std::vector<int64_t> bounds = sequence_bounds(m);
+    bool any_long = false;
+    for (size_t i = 1; i < bounds.size(); ++i) any_long = any_long || bounds[i] - bounds[i - 1] >= dequant_min_rows;
+    if (any_long) {
+      std::lock_guard<std::mutex> guard(scratch_mutex);
+      at::Tensor wd = dequantize_into(w, sz, group_size, isa, scratch_for(n, k));
+      c10::optional<at::Tensor> b16;
+      if (b.defined()) b16 = b.to(at::kBFloat16);
+      int64_t short_from = -1;  // first row of the pending run of short sequences
+      for (size_t i = 1; i < bounds.size(); ++i) {
+        const int64_t r0 = bounds[i - 1], rows = bounds[i] - r0;
+        if (rows < dequant_min_rows) {
+          if (short_from < 0) short_from = r0;
+          continue;
+        }
+        if (short_from >= 0) {
+          native_into(x.narrow(0, short_from, r0 - short_from), w, sz, group_size, b, isa,
+                      out.narrow(0, short_from, r0 - short_from));
+          short_from = -1;
+        }
+        out.narrow(0, r0, rows).copy_(at::linear(x.narrow(0, r0, rows).to(at::kBFloat16), wd, b16));
+      }
+      if (short_from >= 0)
+        native_into(x.narrow(0, short_from, m - short_from), w, sz, group_size, b, isa,
+                    out.narrow(0, short_from, m - short_from));
+      return out;
+    }
+  }
+  native_into(x, w, sz, group_size, b, isa, out);
   return out;
 }
 
