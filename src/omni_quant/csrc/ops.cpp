@@ -161,37 +161,24 @@ void native_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz,
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
 }
 
-// Row boundaries of the sequences among a call's m rows: {0, s1, ..., m}, from
-// omni_quant.batch_rows.sequence_row_starts() (vLLM's query_start_loc of the running step). {0, m}
-// when there is no step (direct calls), on any Python error, or when the step's rows do not
-// describe these m rows (more rows than the call has, not ascending, not starting at 0). Rows past
-// the step's total (padding) are one more range.
+// Row boundaries of the requests among a call's m rows, {0, s1, ..., m}: from
+// omni_quant.batch_rows.sequence_bounds (vLLM's query_start_loc of the running step), {0, m} on
+// any Python error.
 std::vector<int64_t> sequence_bounds(int64_t m) {
-  std::vector<int64_t> starts;
+  std::vector<int64_t> bounds;
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* mod = PyImport_ImportModule("omni_quant.batch_rows");
-  PyObject* res = mod ? PyObject_CallMethod(mod, "sequence_row_starts", nullptr) : nullptr;
-  if (res && PyTuple_Check(res)) {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(res); ++i) {
-      const long long v = PyLong_AsLongLong(PyTuple_GET_ITEM(res, i));
-      if (v == -1 && PyErr_Occurred()) {
-        starts.clear();
-        break;
-      }
-      starts.push_back(v);
-    }
+  PyObject* res = mod ? PyObject_CallMethod(mod, "sequence_bounds", "L", static_cast<long long>(m)) : nullptr;
+  if (res && PyTuple_Check(res))
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(res); ++i) bounds.push_back(PyLong_AsLongLong(PyTuple_GET_ITEM(res, i)));
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    bounds.clear();
   }
-  if (PyErr_Occurred()) PyErr_Clear();
   Py_XDECREF(res);
   Py_XDECREF(mod);
   PyGILState_Release(gil);
-  bool fits = !starts.empty() && starts.front() == 0 && starts.back() <= m;
-  for (size_t i = 1; fits && i < starts.size(); ++i) fits = starts[i] >= starts[i - 1];
-  std::vector<int64_t> bounds{0};
-  if (fits)
-    for (int64_t s : starts)
-      if (s > bounds.back()) bounds.push_back(s);
-  if (bounds.back() < m) bounds.push_back(m);
+  if (bounds.size() < 2 || bounds.front() != 0 || bounds.back() != m) bounds = {0, m};
   return bounds;
 }
 
@@ -233,23 +220,21 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
       at::Tensor wd = dequantize_into(w, sz, group_size, isa, scratch_for(n, k));
       c10::optional<at::Tensor> b16;
       if (b.defined()) b16 = b.to(at::kBFloat16);
-      int64_t short_from = -1;  // first row of the pending run of short sequences
+      auto native_rows = [&](int64_t r0, int64_t r1) {
+        native_into(x.narrow(0, r0, r1 - r0), w, sz, group_size, b, isa, out.narrow(0, r0, r1 - r0));
+      };
+      int64_t short_from = -1;  // first row of the pending run of short requests
       for (size_t i = 1; i < bounds.size(); ++i) {
         const int64_t r0 = bounds[i - 1], rows = bounds[i] - r0;
         if (rows < dequant_min_rows) {
           if (short_from < 0) short_from = r0;
           continue;
         }
-        if (short_from >= 0) {
-          native_into(x.narrow(0, short_from, r0 - short_from), w, sz, group_size, b, isa,
-                      out.narrow(0, short_from, r0 - short_from));
-          short_from = -1;
-        }
+        if (short_from >= 0) native_rows(short_from, r0);
+        short_from = -1;
         out.narrow(0, r0, rows).copy_(at::linear(x.narrow(0, r0, rows).to(at::kBFloat16), wd, b16));
       }
-      if (short_from >= 0)
-        native_into(x.narrow(0, short_from, m - short_from), w, sz, group_size, b, isa,
-                    out.narrow(0, short_from, m - short_from));
+      if (short_from >= 0) native_rows(short_from, m);
       return out;
     }
   }
