@@ -101,5 +101,6 @@ def test_falls_back_to_int4pack_where_the_kernel_cannot_run(monkeypatch):
 def test_measurement_returns_a_calibration_row_count_or_zero():
     q, s, z = quantize(torch.randn(256, 512), 64, torch.bfloat16)
     w, sz = native.repack(q, s, z)
-    rows = kernel_choice.measure_dequant_min_rows(w, sz, 64, rows=(16, 256))
+    rows = kernel_choice.measure_dequant_min_rows(
+        lambda x, r: native.linear(x, w, sz, 64, dequant_min_rows=r), 512, rows=(16, 256))
     assert rows in (0, 16, 256)

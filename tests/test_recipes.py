@@ -26,7 +26,12 @@ def test_each_recipe_writes_the_widths_it_names(tmp_path, recipe):
         assert row["group_size"] == (row["shape"][1] if row["bits"] == 8 else 32)  # 8-bit: one scale per row
     eight = sorted(m for m, r in rows.items() if r["bits"] == 8)
     assert sorted(qc.get("bits_per_module", {})) == eight
-    assert qc["format_version"] == (2 if eight else 1), "all-4-bit checkpoints stay readable by format-1 readers"
+    in_sb = sorted(m for m, r in rows.items() if "super-blocks" in r["action"])
+    # super-blocks where K is a multiple of 256 (here down_proj, K = 256), only in recipes that ask for them
+    assert in_sb == (sorted(m for m, r in rows.items() if r["shape"][1] % 256 == 0) if chosen.super_blocks else [])
+    assert sorted(qc.get("super_block_modules", [])) == in_sb
+    assert qc["format_version"] == (3 if in_sb else 2 if eight else 1), \
+        "checkpoints without super-blocks stay readable by format-1/2 readers"
     assert sorted(qc["group_size_per_module"]) == sorted(set(rows) - set(eight))
     names = set()
     for f in (tmp_path / "dst").glob("*.safetensors"):
@@ -35,14 +40,17 @@ def test_each_recipe_writes_the_widths_it_names(tmp_path, recipe):
             names |= set(h.keys())
     for m in eight:
         assert {f"{m}.qweight8", f"{m}.scales8"} <= names and f"{m}.qweight" not in names
+    for m in in_sb:
+        assert {f"{m}.{t}" for t in ("qweight", "sub_scales", "sub_mins", "super_scales", "super_mins")} <= names
+        assert f"{m}.scales" not in names
     n_weights = sum(r["shape"][0] * r["shape"][1] for r in rows.values())
     assert report["bits_per_weight"] == pytest.approx(8 * sum(r["bytes_out"] for r in rows.values()) / n_weights)
-    assert 4.9 < report["bits_per_weight"] < 8.2
+    assert (4.6 if in_sb else 4.9) < report["bits_per_weight"] < 8.2
 
 
 def test_unknown_recipe_and_8_bit_gptq_are_refused_and_nothing_is_written(tmp_path):
     src = write_checkpoint(tmp_path / "src")
-    with pytest.raises(ConversionError, match="--recipe q5 is not one of default, q4, q4-head8, q8"):
+    with pytest.raises(ConversionError, match="--recipe q5 is not one of default, q4, q4-head8, q8, q4k"):
         convert(src, tmp_path / "dst", recipe="q5")
     with pytest.raises(ConversionError, match="--format gptq holds 4-bit layers only"):
         convert(src, tmp_path / "dst", fmt="gptq", recipe="q8")
@@ -70,5 +78,13 @@ def test_the_loader_reads_widths_and_refuses_fused_members_of_different_widths()
         CpuInt4Config.from_config({"group_size": 32, "format_version": 1, "bits_per_module": {"lm_head": 8}})
     with pytest.raises(ValueError, match=r"4- and 8-bit modules, the checkpoint says \[4, 6\]"):
         CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "bits_per_module": {"lm_head": 6}})
-    with pytest.raises(ValueError, match=r"format_version 3, this omni-quant reads \(1, 2\)"):
-        CpuInt4Config.from_config({"group_size": 32, "format_version": 3})
+    with pytest.raises(ValueError, match=r"format_version 4, this omni-quant reads \(1, 2, 3\)"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 4})
+    with pytest.raises(ValueError, match="super-block modules need format_version 3"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "super_block_modules": ["lm_head"]})
+    cfg = CpuInt4Config.from_config({"group_size": 32, "format_version": 3,
+                                     "super_block_modules": ["model.layers.0.self_attn.q_proj", "lm_head"]})
+    cfg.packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+    assert cfg.super_blocks_for("lm_head") and not cfg.super_blocks_for("model.layers.0.mlp.down_proj")
+    with pytest.raises(ValueError, match="some members of .*qkv_proj.* in super-blocks and some per group"):
+        cfg.super_blocks_for("model.layers.0.self_attn.qkv_proj")

@@ -10,7 +10,7 @@
 // Rows are taken 4 at a time (each weight vector, once unpacked, feeds 4 rows), and at prefill
 // in tiles of kRowTile rows per pass over the thread's weights, so that the tile's int8
 // activations stay in L2 while the weights stream.
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 
 #include "w4a8.h"
@@ -22,13 +22,18 @@ namespace omni_w4a8 {
 namespace {
 
 constexpr int64_t kRowTile = 64;
+alignas(32) const int16_t kOnes16[32] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                         1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
 constexpr int64_t kPrefetchBytes = 2048;  // as kernel_avx512.cpp
 
 // The int32 sums of one group for MR rows: isum[r][h][l] = sum over the group's input channels
 // of q * xq for output channel 8h + l of the block, row r. F: chunks summed in int16 before
 // widening (4, or 2 when the group has 2 (mod 4) chunks).
+// mult: null (widen by ones), or int16 [chunks / F][2][16], the multipliers of each F chunks'
+// int16 sums (the super-block layout's sub-block scales, each in both int16 lanes of a channel).
 template <int MR, int F>
-inline void group_sums(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t chunks, int32_t (*isum)[2][8]) {
+inline void group_sums(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t chunks, int32_t (*isum)[2][8],
+                       const int16_t* mult = nullptr) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
   __m256i wide[MR][2];
@@ -52,9 +57,14 @@ inline void group_sums(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t c
                                                                  _mm256_maddubs_epi16(hi1, xb)));
       }
     }
+    __m256i m0 = ones, m1 = ones;
+    if (mult) {
+      m0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(mult + (c0 / F) * 32));
+      m1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(mult + (c0 / F) * 32 + 16));
+    }
     for (int r = 0; r < MR; ++r) {
-      wide[r][0] = _mm256_add_epi32(wide[r][0], _mm256_madd_epi16(acc[r][0], ones));
-      wide[r][1] = _mm256_add_epi32(wide[r][1], _mm256_madd_epi16(acc[r][1], ones));
+      wide[r][0] = _mm256_add_epi32(wide[r][0], _mm256_madd_epi16(acc[r][0], m0));
+      wide[r][1] = _mm256_add_epi32(wide[r][1], _mm256_madd_epi16(acc[r][1], m1));
     }
   }
   for (int r = 0; r < MR; ++r)
@@ -65,12 +75,14 @@ inline void group_sums(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t c
 // of several chunks ahead and spills the accumulators (measured 1.5-2x slower). Registers:
 // ymm0-7 the int16 accumulators acc(r, h) = ymm(2r + h), ymm8-11 the codes (low/high nibbles of
 // the two halves), ymm12-15 broadcast activations and products.
+// mult, mult_stride: the int16 multipliers of each F chunks' sums, [2][16] (halves 0, 1) at mult,
+// advancing by mult_stride bytes per F chunks (0: the same multipliers throughout, e.g. ones).
 template <int F>
-inline void group_sums4(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t chunks, int32_t (*isum)[2][8]) {
+inline void group_sums4(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t chunks, int32_t (*isum)[2][8],
+                        const int16_t* mult, int64_t mult_stride) {
   static const int8_t kLow4[32] __attribute__((aligned(32))) = {
       15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15,
       15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15, 15};
-  static const int16_t kOnes[16] __attribute__((aligned(32))) = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
   for (int r = 0; r < 4; ++r)
     for (int h = 0; h < 2; ++h) _mm256_store_si256(reinterpret_cast<__m256i*>(isum[r][h]), _mm256_setzero_si256());
   const int64_t k3 = 3 * k;
@@ -88,8 +100,8 @@ inline void group_sums4(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t 
   "vpmaddubsw %%ymm13, %%ymm11, %%ymm15\n\t"           \
   "vpaddw %%ymm14, %%" A1 ", %%" A1 "\n\t"             \
   "vpaddw %%ymm15, %%" A1 ", %%" A1 "\n\t"
-#define OMNI_FLUSH(A, OFF)                             \
-  "vpmaddwd %[ones], %%" A ", %%" A "\n\t"             \
+#define OMNI_FLUSH(A, OFF, MOFF)                       \
+  "vpmaddwd " MOFF "(%[mult]), %%" A ", %%" A "\n\t"   \
   "vpaddd " OFF "(%[isum]), %%" A ", %%" A "\n\t"      \
   "vmovdqa %%" A ", " OFF "(%[isum])\n\t"
   __asm__ volatile(
@@ -122,13 +134,15 @@ inline void group_sums4(const uint8_t* wj, const int8_t* xj, int64_t k, int64_t 
       "add $8, %[x]\n\t"
       "dec %%eax\n\t"
       "jnz 2b\n\t"
-      OMNI_FLUSH("ymm0", "0") OMNI_FLUSH("ymm1", "32") OMNI_FLUSH("ymm2", "64") OMNI_FLUSH("ymm3", "96")
-      OMNI_FLUSH("ymm4", "128") OMNI_FLUSH("ymm5", "160") OMNI_FLUSH("ymm6", "192") OMNI_FLUSH("ymm7", "224")
+      OMNI_FLUSH("ymm0", "0", "0") OMNI_FLUSH("ymm1", "32", "32") OMNI_FLUSH("ymm2", "64", "0")
+      OMNI_FLUSH("ymm3", "96", "32") OMNI_FLUSH("ymm4", "128", "0") OMNI_FLUSH("ymm5", "160", "32")
+      OMNI_FLUSH("ymm6", "192", "0") OMNI_FLUSH("ymm7", "224", "32")
+      "add %[mstride], %[mult]\n\t"
       "dec %[blocks]\n\t"
       "jnz 1b\n\t"
-      : [w] "+r"(w), [x] "+r"(x), [blocks] "+r"(blocks)
+      : [w] "+r"(w), [x] "+r"(x), [blocks] "+r"(blocks), [mult] "+r"(mult)
       : [k] "r"(k), [k3] "r"(k3), [f] "i"(F), [isum] "r"(&isum[0][0][0]), [low4] "m"(*reinterpret_cast<const __m256i*>(kLow4)),
-        [ones] "m"(*reinterpret_cast<const __m256i*>(kOnes))
+        [mstride] "r"(mult_stride)
       : "rax", "memory", "cc", "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
         "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15");
 #undef OMNI_ROW
@@ -146,7 +160,7 @@ void block_rows(const Args& a, int64_t b, int64_t r0) {
   for (int r = 0; r < MR; ++r) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
   for (int64_t j = 0; j < groups; ++j) {
     if constexpr (MR == 4) {
-      group_sums4<F>(wb + j * chunks * 64, x0 + j * g, k, chunks, isum);
+      group_sums4<F>(wb + j * chunks * 64, x0 + j * g, k, chunks, isum, kOnes16, 0);
     } else {
       group_sums<MR, F>(wb + j * chunks * 64, x0 + j * g, k, chunks, isum);
     }
@@ -198,6 +212,116 @@ void gemm_avx2(const Args& a, int64_t b0, int64_t b1) {
   }
 }
 
+// ---- Super-block layout (w4a8.h, SbArgs): Q4_K's arrangement -------------------------------------
+//
+// The same int16 sums of 4 chunks (one sub-block of 32 input channels) are widened by vpmaddwd with
+// the sub-block's 6-bit scale instead of ones, so the 8 sub-blocks of a super-block add up in int32
+// (at most 8 * 2 * 30480 * 63 < 2^31) and float work happens once per 256 input channels:
+//   y += xs * (d * sum_j sc_j isum_j  -  dmin * sum_j m_j bsum_j)
+// (xs: the activations' scale per super-block, bsum_j: the int sum of their sub-block j), the
+// mins' sum by vpmaddwd on int16 pairs as well. llama.cpp's Q4_K x Q8_K dot product
+// (ggml-cpu/arch/x86/quants.c) has the same algebra.
+
+namespace {
+
+struct alignas(32) SbConsts {
+  int16_t sc16[8][2][16];  // sub-block j, half h: channel 8h + i in int16 lanes 2i and 2i + 1
+  __m256i mn16[4][2];      // mins of sub-blocks 2p, 2p + 1 in int16 lanes 2i, 2i + 1 (channel 8h + i)
+  __m256 d[2], dmin[2];
+};
+
+inline void sb_consts(const uint8_t* p, SbConsts& c) {
+  for (int j = 0; j < 8; ++j)
+    for (int h = 0; h < 2; ++h) {
+      __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + j * kBlockN + 8 * h)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(c.sc16[j][h]), _mm256_or_si256(v, _mm256_slli_epi32(v, 16)));
+    }
+  for (int q = 0; q < 4; ++q)
+    for (int h = 0; h < 2; ++h)
+      c.mn16[q][h] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 128 + q * 32 + h * 16)));
+  for (int h = 0; h < 2; ++h) {
+    c.d[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 256 + 16 * h)));
+    c.dmin[h] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 288 + 16 * h)));
+  }
+}
+
+template <int MR>
+void sb_block_rows(const SbArgs& a, int64_t b, int64_t r0) {
+  const int64_t k = a.k, sbs = k / kSuperBlock, subs = k / kSubBlock;
+  const uint8_t* wb = a.w + b * (k / 8) * 64;
+  const int8_t* x0 = a.xq + r0 * k;
+  alignas(32) int32_t isum[MR][2][8];
+  SbConsts c;
+  __m256 facc[MR][2];
+  for (int r = 0; r < MR; ++r) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
+  for (int64_t s = 0; s < sbs; ++s) {
+    sb_consts(a.sb + (b * sbs + s) * kSbBytes, c);
+    const uint8_t* ws = wb + s * (kSuperBlock / 8) * 64;
+    if constexpr (MR == 4) {
+      group_sums4<4>(ws, x0 + s * kSuperBlock, k, kSuperBlock / 8, isum, &c.sc16[0][0][0], 64);
+    } else {
+      group_sums<MR, 4>(ws, x0 + s * kSuperBlock, k, kSuperBlock / 8, isum, &c.sc16[0][0][0]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const int16_t* bs = a.bsum + (r0 + r) * subs + s * 8;
+      __m256i ms[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      for (int q = 0; q < 4; ++q) {
+        int32_t pair;
+        __builtin_memcpy(&pair, bs + 2 * q, 4);
+        const __m256i bp = _mm256_set1_epi32(pair);
+        ms[0] = _mm256_add_epi32(ms[0], _mm256_madd_epi16(c.mn16[q][0], bp));
+        ms[1] = _mm256_add_epi32(ms[1], _mm256_madd_epi16(c.mn16[q][1], bp));
+      }
+      const __m256 xs = _mm256_set1_ps(a.xs[(r0 + r) * sbs + s]);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 t = _mm256_fmsub_ps(
+            c.d[h], _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(isum[r][h]))),
+            _mm256_mul_ps(c.dmin[h], _mm256_cvtepi32_ps(ms[h])));
+        facc[r][h] = _mm256_fmadd_ps(t, xs, facc[r][h]);
+      }
+    }
+  }
+  const int64_t n0 = b * kBlockN;
+  __m256 bias0 = a.bias ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
+  __m256 bias1 = a.bias ? _mm256_loadu_ps(a.bias + n0 + 8) : _mm256_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    const int64_t off = (r0 + r) * a.n + n0;
+    const __m256 y0 = _mm256_add_ps(facc[r][0], bias0), y1 = _mm256_add_ps(facc[r][1], bias1);
+    if (a.out_bf16) {
+      uint16_t* o = static_cast<uint16_t*>(a.out) + off;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o), f32x8_to_bf16(y0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(o + 8), f32x8_to_bf16(y1));
+    } else {
+      _mm256_storeu_ps(static_cast<float*>(a.out) + off, y0);
+      _mm256_storeu_ps(static_cast<float*>(a.out) + off + 8, y1);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_sb_avx2(const SbArgs& a, int64_t b0, int64_t b1) {
+  for (int64_t t0 = 0; t0 < a.m; t0 += kRowTile) {
+    const int64_t t1 = t0 + kRowTile < a.m ? t0 + kRowTile : a.m;
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t r = t0;
+      for (; r + 4 <= t1; r += 4) sb_block_rows<4>(a, b, r);
+      switch (t1 - r) {
+        case 3: sb_block_rows<3>(a, b, r); break;
+        case 2: sb_block_rows<2>(a, b, r); break;
+        case 1: sb_block_rows<1>(a, b, r); break;
+        default: break;
+      }
+    }
+  }
+}
+
+static float f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
+
+#define DEQUANT_SB_FN dequantize_sb_avx2
+#include "dequant_sb_rows.inc"
+#undef DEQUANT_SB_FN
+
 // Activations -> int8 per (row, group), vectorized by hand: plain loops carry their max and sum
 // reductions in one scalar register each (GCC does not reorder float reductions): about 100 us for
 // one row of K = 8960, as long as the GEMV itself. Same results as quantize_rows_scalar: scale
@@ -238,7 +362,7 @@ void quantize_rows_avx2(const QuantArgs& q, int64_t r0, int64_t r1) {
       for (int l = 0; l < 8; ++l) sum += lanes[l];
       const float scale = amax / 127.f;
       const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-      __m256i isum = _mm256_setzero_si256();
+      __m256i isum = _mm256_setzero_si256(), sub = _mm256_setzero_si256();
       int8_t* dst = q.xq + base;
       for (int64_t i = 0; i < g; i += 16) {
         __m256i iv[2];
@@ -247,6 +371,14 @@ void quantize_rows_avx2(const QuantArgs& q, int64_t r0, int64_t r1) {
           v = _mm256_add_ps(v, _mm256_or_ps(half, _mm256_and_ps(v, sign)));  // +-0.5, then truncate
           iv[h] = _mm256_cvttps_epi32(_mm256_min_ps(_mm256_max_ps(v, nlim), lim));
           isum = _mm256_add_epi32(isum, iv[h]);
+          sub = _mm256_add_epi32(sub, iv[h]);
+        }
+        if (q.bsum && (i + 16) % kSubBlock == 0) {  // super-block layout: the int sum of each sub-block
+          alignas(32) int32_t sl[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(sl), sub);
+          q.bsum[(r * groups + j) * (g / kSubBlock) + i / kSubBlock] =
+              static_cast<int16_t>(sl[0] + sl[1] + sl[2] + sl[3] + sl[4] + sl[5] + sl[6] + sl[7]);
+          sub = _mm256_setzero_si256();
         }
         // 16 int32 -> 16 int8: packs work per 128-bit lane, the permute puts them in order
         __m256i w16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(iv[0], iv[1]), 0xD8);

@@ -11,6 +11,30 @@ static float bf16_to_f32(uint16_t h) {
   return f;
 }
 
+// IEEE half -> float (normals, subnormals, zero; no inf/NaN: the converter refuses them).
+static float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  int32_t exp = (h >> 10) & 0x1F;
+  uint32_t mant = h & 0x3FF, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | static_cast<uint32_t>(exp + 112) << 23 | (mant & 0x3FF) << 13;
+    }
+  } else {
+    bits = sign | static_cast<uint32_t>(exp + 112) << 23 | mant << 13;
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
 static uint16_t f32_to_bf16(float f) {
   uint32_t i;
   __builtin_memcpy(&i, &f, 4);
@@ -87,12 +111,61 @@ void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1) {
         dst[i] = static_cast<int8_t>(iv);
         isum += iv;
       }
+      if (q.bsum)  // super-block layout: the int sum of each sub-block of 32
+        for (int64_t s = 0; s < g / kSubBlock; ++s) {
+          int32_t t = 0;
+          for (int64_t i = 0; i < kSubBlock; ++i) t += dst[s * kSubBlock + i];
+          q.bsum[(r * groups + j) * (g / kSubBlock) + s] = static_cast<int16_t>(t);
+        }
       q.xs[r * groups + j] = scale;
       q.xsum[r * groups + j] = isum;
       q.xf[r * groups + j] = sum;
     }
   }
 }
+
+// Super-block layout in plain C++ (the reference of gemm_sb_avx2): per super-block the integer sums
+// sum_j sc_j * sum_{k in j} q xq and sum_j m_j * bsum_j, then one float step.
+void gemm_sb_scalar(const SbArgs& a, int64_t b0, int64_t b1) {
+  const int64_t k = a.k, sbs = k / kSuperBlock;
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = a.w + b * (k / 8) * 64;
+    for (int64_t r = 0; r < a.m; ++r) {
+      for (int64_t lane = 0; lane < kBlockN; ++lane) {
+        float y = 0.f;
+        for (int64_t s = 0; s < sbs; ++s) {
+          const uint8_t* p = a.sb + (b * sbs + s) * kSbBytes;
+          int32_t isum = 0, msum = 0;
+          for (int64_t j = 0; j < kSuperBlock / kSubBlock; ++j) {
+            int32_t acc = 0;
+            for (int64_t kk = s * kSuperBlock + j * kSubBlock; kk < s * kSuperBlock + (j + 1) * kSubBlock; ++kk) {
+              const int64_t c = kk / 8, i = kk % 8;
+              const uint8_t byte = wb[c * 64 + lane * 4 + (i & 3)];
+              acc += (i < 4 ? (byte & 0x0F) : (byte >> 4)) * a.xq[r * k + kk];
+            }
+            isum += acc * p[j * kBlockN + lane];
+            msum += p[128 + (j / 2) * 32 + lane * 2 + (j % 2)] * a.bsum[r * (k / kSubBlock) + s * 8 + j];
+          }
+          uint16_t dh, mh;
+          __builtin_memcpy(&dh, p + 256 + 2 * lane, 2);
+          __builtin_memcpy(&mh, p + 288 + 2 * lane, 2);
+          y += a.xs[r * sbs + s] * (f16_to_f32(dh) * static_cast<float>(isum) - f16_to_f32(mh) * static_cast<float>(msum));
+        }
+        const int64_t n = b * kBlockN + lane;
+        if (a.bias) y += a.bias[n];
+        if (a.out_bf16) {
+          static_cast<uint16_t*>(a.out)[r * a.n + n] = f32_to_bf16(y);
+        } else {
+          static_cast<float*>(a.out)[r * a.n + n] = y;
+        }
+      }
+    }
+  }
+}
+
+#define DEQUANT_SB_FN dequantize_sb_scalar
+#include "dequant_sb_rows.inc"
+#undef DEQUANT_SB_FN
 
 #define DEQUANT_FN dequantize_scalar
 #include "dequant_rows.inc"

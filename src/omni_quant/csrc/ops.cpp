@@ -25,7 +25,8 @@ using DequantFn = void (*)(const DequantArgs&, int64_t, int64_t);
 bool supported(const std::string& isa) {
   __builtin_cpu_init();
   if (isa == "scalar") return true;
-  if (isa == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (isa == "avx2")  // f16c: the super-block layout's fp16 scales (every AVX2 CPU has it)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
   if (isa == "avx2vnni") return supported("avx2") && __builtin_cpu_supports("avxvnni");
   if (isa == "avx512vnni")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -151,7 +152,7 @@ void native_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz,
   // threads instead of running on one while the others wait (down_proj, K = 8960: 280 groups).
   const int64_t pieces = quant_pieces(m, groups, group_size);
   QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k / pieces, group_size};
+               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k / pieces, group_size, nullptr};
   at::parallel_for(0, m * pieces, pieces > 1 ? 1 : std::max<int64_t>(1, 65536 / k),
                    [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
 
@@ -182,47 +183,50 @@ std::vector<int64_t> sequence_bounds(int64_t m) {
   return bounds;
 }
 
-at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
-                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
-                       const c10::optional<at::Tensor>& dequant_rows) {
-  const std::string isa = resolve_isa(isa_arg);
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "omni_quant.w4a8_linear: x must be a contiguous [M, K] tensor");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
-              "omni_quant.w4a8_linear: x must be bfloat16 or float32, got ", x.scalar_type());
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
-  check_weights(w, sz, k, group_size);
-  at::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "omni_quant.w4a8_linear: bias has ", bias->numel(), " elements, N=", n);
-    b = bias->to(at::kFloat).contiguous();
-  }
+int64_t dequant_min_rows_of(const c10::optional<at::Tensor>& dequant_rows, const char* op) {
   // A tensor, not an int: a compiled graph then reads the measured row count at run time
   // instead of baking the value it was traced with into the cached artifact.
-  int64_t dequant_min_rows = 0;
-  if (dequant_rows.has_value() && dequant_rows->defined()) {
-    TORCH_CHECK(dequant_rows->numel() == 1 && dequant_rows->scalar_type() == at::kLong,
-                "omni_quant.w4a8_linear: dequant_rows must be one int64");
-    dequant_min_rows = dequant_rows->item<int64_t>();
+  if (!dequant_rows.has_value() || !dequant_rows->defined()) return 0;
+  TORCH_CHECK(dequant_rows->numel() == 1 && dequant_rows->scalar_type() == at::kLong, op,
+              ": dequant_rows must be one int64");
+  return dequant_rows->item<int64_t>();
+}
+
+at::Tensor float_bias(const c10::optional<at::Tensor>& bias, int64_t n, const char* op) {
+  at::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, op, ": bias has ", bias->numel(), " elements, N=", n);
+    b = bias->to(at::kFloat).contiguous();
   }
-  at::Tensor out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
+  return b;
+}
+
+void check_x(const at::Tensor& x, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), op, ": x must be a contiguous [M, K] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat, op,
+              ": x must be bfloat16 or float32, got ", x.scalar_type());
+}
+
+// x [M, K] -> out [M, N] by `native(r0, r1)` (the integer kernel on rows [r0, r1) into out) or, for
+// the rows of a request of at least dequant_min_rows rows (0: never), a bf16 GEMM on the weight that
+// `dequant(scratch)` writes into the prefill scratch: many rows make the GEMM compute-bound, and a
+// bf16 GEMM (AMX / AVX512-BF16 where the CPU has them) can beat the integer kernel. Chosen per
+// sequence, not for the call's rows, so a request's numbers do not depend on the requests it is
+// batched with (omni_quant/batch_rows.py).
+template <class Native, class Dequant>
+void switched_into(const at::Tensor& x, const at::Tensor& b, int64_t dequant_min_rows, at::Tensor out,
+                   Native native, Dequant dequant) {
+  const int64_t m = x.size(0), k = x.size(1), n = out.size(1);
+  if (m == 0) return;
   if (dequant_min_rows > 0 && m >= dequant_min_rows) {
-    // Prefill: many rows make the GEMM compute-bound; a bf16 GEMM (AMX / AVX512-BF16 where the
-    // CPU has them) on the weight dequantized for this call can beat the integer kernel. Chosen
-    // per sequence, not for the call's rows: a sequence of at least dequant_min_rows rows takes
-    // the bf16 GEMM on its own rows, the others the W4A8 kernel, so a request's numbers do not
-    // depend on the requests it is batched with (omni_quant/batch_rows.py).
     const std::vector<int64_t> bounds = sequence_bounds(m);
     bool any_long = false;
     for (size_t i = 1; i < bounds.size(); ++i) any_long = any_long || bounds[i] - bounds[i - 1] >= dequant_min_rows;
     if (any_long) {
       std::lock_guard<std::mutex> guard(scratch_mutex);
-      at::Tensor wd = dequantize_into(w, sz, group_size, isa, scratch_for(n, k));
+      at::Tensor wd = dequant(scratch_for(n, k));
       c10::optional<at::Tensor> b16;
       if (b.defined()) b16 = b.to(at::kBFloat16);
-      auto native_rows = [&](int64_t r0, int64_t r1) {
-        native_into(x.narrow(0, r0, r1 - r0), w, sz, group_size, b, isa, out.narrow(0, r0, r1 - r0));
-      };
       int64_t short_from = -1;  // first row of the pending run of short requests
       for (size_t i = 1; i < bounds.size(); ++i) {
         const int64_t r0 = bounds[i - 1], rows = bounds[i] - r0;
@@ -230,15 +234,106 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
           if (short_from < 0) short_from = r0;
           continue;
         }
-        if (short_from >= 0) native_rows(short_from, r0);
+        if (short_from >= 0) native(short_from, r0);
         short_from = -1;
         out.narrow(0, r0, rows).copy_(at::linear(x.narrow(0, r0, rows).to(at::kBFloat16), wd, b16));
       }
-      if (short_from >= 0) native_rows(short_from, m);
-      return out;
+      if (short_from >= 0) native(short_from, m);
+      return;
     }
   }
-  native_into(x, w, sz, group_size, b, isa, out);
+  native(0, m);
+}
+
+at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
+                       const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
+                       const c10::optional<at::Tensor>& dequant_rows) {
+  const char* op = "omni_quant.w4a8_linear";
+  const std::string isa = resolve_isa(isa_arg);
+  check_x(x, op);
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
+  check_weights(w, sz, k, group_size);
+  const at::Tensor b = float_bias(bias, n, op);
+  at::Tensor out = at::empty({m, n}, x.options());
+  switched_into(
+      x, b, dequant_min_rows_of(dequant_rows, op), out,
+      [&](int64_t r0, int64_t r1) {
+        native_into(x.narrow(0, r0, r1 - r0), w, sz, group_size, b, isa, out.narrow(0, r0, r1 - r0));
+      },
+      [&](at::Tensor scratch) { return dequantize_into(w, sz, group_size, isa, scratch); });
+  return out;
+}
+
+// ---- The super-block layout (w4a8.h, SbArgs) ------------------------------------------------------
+
+// Its kernels: the AVX2 one on every AVX2 CPU (AVX-VNNI and AVX-512 ones included), else plain C++.
+bool sb_vector(const std::string& isa) { return isa != "scalar"; }
+
+void check_sb(const at::Tensor& w, const at::Tensor& sb, int64_t k) {
+  TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
+                  w.is_contiguous(),
+              "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack_super_blocks)");
+  TORCH_CHECK(w.size(1) * 8 == k, "omni_quant: x has K=", k, " but w was packed for K=", w.size(1) * 8);
+  TORCH_CHECK(k % kSuperBlock == 0, "omni_quant: the super-block layout needs K a multiple of 256, got K=", k);
+  TORCH_CHECK(sb.scalar_type() == at::kByte && sb.is_contiguous() && sb.dim() == 3 && sb.size(0) == w.size(0) &&
+                  sb.size(1) == k / kSuperBlock && sb.size(2) == kSbBytes,
+              "omni_quant: sb must be contiguous uint8 [N/16, K/256, ", kSbBytes, "] = [", w.size(0), ", ",
+              k / kSuperBlock, ", ", kSbBytes, "] (got ", sb.sizes(), ")");
+}
+
+at::Tensor dequantize_sb_into(const at::Tensor& w, const at::Tensor& sb, const std::string& isa, at::Tensor out) {
+  SbDequantArgs d{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(out.data_ptr()),
+                  w.size(1) * 8};
+  auto fn = sb_vector(isa) ? dequantize_sb_avx2 : dequantize_sb_scalar;
+  at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { fn(d, b0, b1); });
+  return out;
+}
+
+at::Tensor dequantize_sb(const at::Tensor& w, const at::Tensor& sb, c10::string_view isa_arg) {
+  const std::string isa = resolve_isa(isa_arg);
+  TORCH_CHECK(w.dim() == 4, "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4]");
+  check_sb(w, sb, w.size(1) * 8);
+  return dequantize_sb_into(w, sb, isa, at::empty({w.size(0) * kBlockN, w.size(1) * 8}, w.options().dtype(at::kBFloat16)));
+}
+
+// Activations quantized per (row, super-block): each super-block is independent, so [M, K] is
+// quantized as M * K / 256 rows of 256 (decode's one row spreads over the threads as well).
+void native_sb_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sb, const at::Tensor& b,
+                    const std::string& isa, at::Tensor out) {
+  const int64_t m = x.size(0), k = x.size(1), n = out.size(1), sbs = k / kSuperBlock;
+  if (m == 0) return;
+  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor xs = at::empty({m, sbs}, x.options().dtype(at::kFloat));
+  at::Tensor xf = at::empty({m, sbs}, x.options().dtype(at::kFloat));
+  at::Tensor xsum = at::empty({m, sbs}, x.options().dtype(at::kInt));
+  at::Tensor bsum = at::empty({m, k / kSubBlock}, x.options().dtype(at::kShort));
+  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
+               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), kSuperBlock, kSuperBlock, bsum.data_ptr<int16_t>()};
+  auto quant = sb_vector(isa) ? quantize_rows_avx2 : quantize_rows_scalar;
+  at::parallel_for(0, m * sbs, kMinPieceElems / kSuperBlock, [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
+  SbArgs a{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
+           bsum.data_ptr<int16_t>(), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr(), m, n, k,
+           x.scalar_type() == at::kBFloat16 ? 1 : 0};
+  auto gemm = sb_vector(isa) ? gemm_sb_avx2 : gemm_sb_scalar;
+  at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
+}
+
+at::Tensor w4a8_linear_sb(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sb,
+                          const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
+                          const c10::optional<at::Tensor>& dequant_rows) {
+  const char* op = "omni_quant.w4a8_linear_sb";
+  const std::string isa = resolve_isa(isa_arg);
+  check_x(x, op);
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
+  check_sb(w, sb, k);
+  const at::Tensor b = float_bias(bias, n, op);
+  at::Tensor out = at::empty({m, n}, x.options());
+  switched_into(
+      x, b, dequant_min_rows_of(dequant_rows, op), out,
+      [&](int64_t r0, int64_t r1) {
+        native_sb_into(x.narrow(0, r0, r1 - r0), w, sb, b, isa, out.narrow(0, r0, r1 - r0));
+      },
+      [&](at::Tensor scratch) { return dequantize_sb_into(w, sb, isa, scratch); });
   return out;
 }
 
@@ -249,11 +344,16 @@ TORCH_LIBRARY(omni_quant, m) {
   m.def("w4a8_linear(Tensor x, Tensor w, Tensor sz, int group_size, Tensor? bias=None, str isa='auto', "
         "Tensor? dequant_rows=None) -> Tensor");
   m.def("dequantize(Tensor w, Tensor sz, int group_size, str isa='auto') -> Tensor");
+  m.def("w4a8_linear_sb(Tensor x, Tensor w, Tensor sb, Tensor? bias=None, str isa='auto', "
+        "Tensor? dequant_rows=None) -> Tensor");
+  m.def("dequantize_sb(Tensor w, Tensor sb, str isa='auto') -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(omni_quant, CPU, m) {
   m.impl("w4a8_linear", &omni_w4a8::w4a8_linear);
   m.impl("dequantize", &omni_w4a8::dequantize);
+  m.impl("w4a8_linear_sb", &omni_w4a8::w4a8_linear_sb);
+  m.impl("dequantize_sb", &omni_w4a8::dequantize_sb);
 }
 
 // ---- Python module: which kernels this CPU can run -------------------------------------------

@@ -39,6 +39,40 @@ struct QuantArgs {
   int32_t* xsum;
   float* xf;
   int64_t k, group_size;
+  int16_t* bsum;  // or null; super-block layout: int sum of xq per (row, sub-block of 32)
+};
+
+// Super-block layout (Q4_K's arrangement; omni_quant/native.py repack_super_block): per output
+// channel and super-block of 256 input channels, w = d * sc_j * q - dmin * m_j for sub-block j of 32
+// (codes q 0..15, 6-bit integer sc_j and m_j, fp16 d and dmin). Per block of 16 output channels
+// and super-block, kSbBytes bytes:
+//   [0, 128)    sc[j][l]        uint8, sub-block j 0..7, channel l 0..15
+//   [128, 256)  m[p][l][2]      uint8, m of sub-blocks 2p and 2p + 1 of channel l (p 0..3)
+//   [256, 288)  d[l]            fp16 bits
+//   [288, 320)  dmin[l]         fp16 bits
+constexpr int64_t kSuperBlock = 256;
+constexpr int64_t kSubBlock = 32;
+constexpr int64_t kSbBytes = 320;
+
+// One super-block-layout call: w as Args::w, sb uint8 [N/16, K/256, kSbBytes]; activations
+// quantized per (row, super-block) (xs float [M, K/256]) with bsum int16 [M, K/32].
+struct SbArgs {
+  const uint8_t* w;
+  const uint8_t* sb;
+  const int8_t* xq;
+  const float* xs;
+  const int16_t* bsum;
+  const float* bias;
+  void* out;
+  int64_t m, n, k;
+  int out_bf16;
+};
+
+struct SbDequantArgs {
+  const uint8_t* w;
+  const uint8_t* sb;
+  uint16_t* out;
+  int64_t k;
 };
 
 // Dequantization of blocks [b0, b1) of the kernel's layout to bf16 bits out [N, K] (prefill path:
@@ -62,5 +96,11 @@ void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1);
 void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_avx2(const DequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_scalar(const DequantArgs& d, int64_t b0, int64_t b1);
+
+// Super-block layout: GEMM of output blocks [b0, b1), and dequantization to bf16.
+void gemm_sb_avx2(const SbArgs& a, int64_t b0, int64_t b1);
+void gemm_sb_scalar(const SbArgs& a, int64_t b0, int64_t b1);
+void dequantize_sb_avx2(const SbDequantArgs& d, int64_t b0, int64_t b1);
+void dequantize_sb_scalar(const SbDequantArgs& d, int64_t b0, int64_t b1);
 
 }  // namespace omni_w4a8

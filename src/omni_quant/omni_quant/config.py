@@ -29,7 +29,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
-from omni_quant import native
+from omni_quant import native, super_blocks
 from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
 from omni_quant.linear_int8 import CpuInt8LinearMethod
 from omni_quant.ops import cpu_int4_linear
@@ -43,21 +43,25 @@ logger = logging.getLogger("vllm.omni_quant")
 _logged: set[tuple] = set()
 
 
-def _log_choice(n: int, k: int, group_size: int, choice: Choice) -> None:
-    """One ``omni-quant:`` line per distinct layer shape and choice in a process."""
-    key = (n, k, group_size, choice.kernel, choice.dequant_min_rows)
+def _log_choice(n: int, k: int, group_size: int, choice: Choice, layout: str = "groups") -> None:
+    """One ``omni-quant:`` line per distinct layer shape, layout and choice in a process."""
+    key = (n, k, group_size, choice.kernel, choice.dequant_min_rows, layout)
     if key in _logged:
         return
     _logged.add(key)
+    scheme = "super-blocks of 256" if layout == "super_blocks" else f"group {group_size}"
     if choice.kernel == "native":
         prefill = (f"prefill: dequantize + bf16 GEMM from {choice.dequant_min_rows} rows"
                    if choice.dequant_min_rows else "prefill: the same kernel")
-        logger.info("omni-quant: cpu_int4 [%d x %d] group %d: omni W4A8 kernel (%s); %s (%s); "
+        isa = native.best_isa()
+        if layout == "super_blocks" and isa != "scalar":
+            isa = "avx2"  # the super-block kernel's vector path on every AVX2 CPU
+        logger.info("omni-quant: cpu_int4 [%d x %d] %s: omni W4A8 kernel (%s); %s (%s); "
                     "override with OMNI_INT4_KERNEL / OMNI_INT4_DEQUANT_MIN_ROWS",
-                    n, k, group_size, native.best_isa(), prefill, choice.reason)
+                    n, k, scheme, isa, prefill, choice.reason)
     else:
-        logger.info("omni-quant: cpu_int4 [%d x %d] group %d: torch _weight_int4pack_mm_for_cpu (%s)",
-                    n, k, group_size, choice.reason)
+        logger.info("omni-quant: cpu_int4 [%d x %d] %s: torch _weight_int4pack_mm_for_cpu (%s)",
+                    n, k, scheme, choice.reason)
 
 
 class CpuInt4Config(QuantizationConfig):
@@ -72,6 +76,8 @@ class CpuInt4Config(QuantizationConfig):
         bits: the width of a module not named in ``bits_per_module``, 4 or 8 (8-bit weight-only:
             :mod:`omni_quant.linear_int8`).
         bits_per_module: module name -> 4 or 8, as the converter's recipe chose.
+        super_block_modules: the 4-bit modules stored in super-blocks (format_version 3,
+            :mod:`omni_quant.super_blocks`); the others are per group.
 
     Raises:
         ValueError: an unsupported group size, width or format version (the message says what to do).
@@ -79,7 +85,8 @@ class CpuInt4Config(QuantizationConfig):
 
     def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
                  format_version: int = FORMAT_VERSION, group_size_per_module: dict[str, int] | None = None,
-                 bits: int = 4, bits_per_module: dict[str, int] | None = None):
+                 bits: int = 4, bits_per_module: dict[str, int] | None = None,
+                 super_block_modules: list[str] | None = None):
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(f"cpu_int4: group_size {group_size} is not one of {GROUP_SIZES}")
@@ -93,6 +100,10 @@ class CpuInt4Config(QuantizationConfig):
             raise ValueError(f"cpu_int4 supports 4- and 8-bit modules, the checkpoint says {sorted(widths)}")
         if widths != {4} and format_version < 2:
             raise ValueError("cpu_int4: 8-bit modules need format_version 2; the checkpoint's config is inconsistent")
+        if super_block_modules and format_version < 3:
+            raise ValueError("cpu_int4: super-block modules need format_version 3; "
+                             "the checkpoint's config is inconsistent")
+        self.super_block_modules = set(super_block_modules or [])
         self.group_size = group_size
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.group_size_per_module = dict(group_size_per_module or {})
@@ -128,6 +139,7 @@ class CpuInt4Config(QuantizationConfig):
             group_size_per_module=config.get("group_size_per_module"),
             bits=config.get("bits", 4),
             bits_per_module=config.get("bits_per_module"),
+            super_block_modules=config.get("super_block_modules"),
         )
 
     def _skipped(self, prefix: str) -> bool:
@@ -180,6 +192,23 @@ class CpuInt4Config(QuantizationConfig):
                              f"widths {sorted(widths)}; re-convert with one recipe for them")
         return widths.pop() if widths else self.bits
 
+    def super_blocks_for(self, prefix: str) -> bool:
+        """Whether vLLM's layer ``prefix`` is stored in super-blocks (a fused layer: its members,
+        which must agree).
+
+        Raises:
+            ValueError: some members of a fused layer are in super-blocks and some are not.
+        """
+        if prefix in self.super_block_modules:
+            return True
+        proj = prefix.rsplit(".", 1)[-1]
+        members = self.packed_modules_mapping.get(proj, ())
+        found = {prefix[: len(prefix) - len(proj)] + m in self.super_block_modules for m in members}
+        if len(found) > 1:
+            raise ValueError(f"cpu_int4: some members of {prefix} ({list(members)}) are stored in super-blocks and "
+                             "some per group; vLLM fuses them into one layer: re-convert with one scheme for them")
+        return found.pop() if found else False
+
     def _method(self, prefix: str):
         return CpuInt8LinearMethod(prefix) if self.bits_for(prefix) == 8 else CpuInt4LinearMethod(self, prefix)
 
@@ -205,54 +234,73 @@ class CpuInt4LinearMethod(LinearMethodBase):
     def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
                        output_partition_sizes: list[int], input_size: int, output_size: int,
                        params_dtype: torch.dtype, **extra_weight_attrs) -> None:
-        """Create ``qweight`` uint8 ``[N, K/2]``, ``scales`` and ``zeros`` ``[N, K/g]`` for this shard.
+        """Create this shard's checkpoint tensors: ``qweight`` uint8 ``[N, K/2]`` and, per group,
+        ``scales`` and ``zeros`` ``[N, K/g]``, or, in super-blocks, ``sub_scales`` and ``sub_mins`` uint8
+        ``[N, K/32]`` and ``super_scales`` and ``super_mins`` float16 ``[N, K/256]``.
 
         Raises:
-            ValueError: the group size does not divide this shard's K (tensor parallelism
-                split K into pieces the groups do not fit).
+            ValueError: the group size (or the super-block of 256) does not divide this shard's K
+                (tensor parallelism split K into pieces the groups do not fit).
         """
-        group_size = self.config.group_size_for(self.prefix, input_size)
+        sb = self.config.super_blocks_for(self.prefix)
+        group_size = super_blocks.SUPER_BLOCK if sb else self.config.group_size_for(self.prefix, input_size)
         if input_size_per_partition % group_size or input_size_per_partition % 2:
             raise ValueError(
                 f"cpu_int4: {self.prefix}: this worker's shard has K={input_size_per_partition} "
-                f"(of {input_size}), not a multiple of group_size={group_size}; use a smaller "
-                "tensor_parallel_size or convert with a smaller --group-size"
+                f"(of {input_size}), not a multiple of {'the super-block of' if sb else 'group_size='}{group_size}; "
+                "use a smaller tensor_parallel_size or convert with a smaller --group-size"
             )
         weight_loader = extra_weight_attrs["weight_loader"]
-        n = sum(output_partition_sizes)
-        qweight = ModelWeightParameter(
-            data=torch.empty(n, input_size_per_partition // 2, dtype=torch.uint8),
-            input_dim=1, output_dim=0, weight_loader=weight_loader)
-        scales = GroupQuantScaleParameter(
-            data=torch.empty(n, input_size_per_partition // group_size, dtype=params_dtype),
-            input_dim=1, output_dim=0, weight_loader=weight_loader)
-        zeros = GroupQuantScaleParameter(
-            data=torch.empty(n, input_size_per_partition // group_size, dtype=params_dtype),
-            input_dim=1, output_dim=0, weight_loader=weight_loader)
-        layer.register_parameter("qweight", qweight)
-        layer.register_parameter("scales", scales)
-        layer.register_parameter("zeros", zeros)
-        layer.cpu_int4_group_size = group_size
+        n, k = sum(output_partition_sizes), input_size_per_partition
+
+        def add(name: str, cols: int, dtype: torch.dtype, cls=GroupQuantScaleParameter) -> None:
+            layer.register_parameter(name, cls(data=torch.empty(n, cols, dtype=dtype), input_dim=1, output_dim=0,
+                                               weight_loader=weight_loader))
+
+        add("qweight", k // 2, torch.uint8, ModelWeightParameter)
+        if sb:
+            add("sub_scales", k // super_blocks.SUB_BLOCK, torch.uint8)
+            add("sub_mins", k // super_blocks.SUB_BLOCK, torch.uint8)
+            add("super_scales", k // super_blocks.SUPER_BLOCK, torch.float16)
+            add("super_mins", k // super_blocks.SUPER_BLOCK, torch.float16)
+        else:
+            add("scales", k // group_size, params_dtype)
+            add("zeros", k // group_size, params_dtype)
+        layer.cpu_int4_group_size = super_blocks.SUB_BLOCK if sb else group_size
+        layer.cpu_int4_super_blocks = sb
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack once into the layout of the kernel chosen for this layer; drop the on-disk tensors.
 
+        Super-block layers run omni's super-block kernel where it is built and fits (N a multiple of
+        16); elsewhere they are rewritten per group of 32 (exactly, :func:`omni_quant.super_blocks.to_groups`)
+        for torch's int4 kernel.
+
         Raises:
             ValueError: from :func:`omni_quant.kernel_choice.choose` (an impossible override).
         """
+        if layer.cpu_int4_super_blocks:
+            self._process_super_blocks(layer)
+            return
         codes = unpack(layer.qweight.data)
         scales, zeros = layer.scales.data, layer.zeros.data
+        del layer.qweight, layer.scales, layer.zeros
+        self._process_groups(layer, codes, scales, zeros)
+
+    def _process_groups(self, layer: torch.nn.Module, codes: torch.Tensor, scales: torch.Tensor,
+                        zeros: torch.Tensor) -> None:
         n, k = codes.shape
         group_size = layer.cpu_int4_group_size
         repacked: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def measure() -> int:
             repacked.append(native.repack(codes, scales, zeros))
-            return measure_dequant_min_rows(*repacked[0], group_size)
+            w, sz = repacked[0]
+            return measure_dequant_min_rows(lambda x, rows: native.linear(x, w, sz, group_size, dequant_min_rows=rows),
+                                            k)
 
         choice = choose((n, k), group_size, isinstance(layer, ParallelLMHead), measure)
         _log_choice(n, k, group_size, choice)
-        del layer.qweight, layer.scales, layer.zeros
         layer.cpu_int4_kernel = choice.kernel
         if choice.kernel == "native":
             w, sz = repacked[0] if repacked else native.repack(codes, scales, zeros)
@@ -266,8 +314,39 @@ class CpuInt4LinearMethod(LinearMethodBase):
             layer.int4_weight = torch.nn.Parameter(packed, requires_grad=False)
             layer.int4_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
 
+    def _process_super_blocks(self, layer: torch.nn.Module) -> None:
+        parts = (unpack(layer.qweight.data), layer.sub_scales.data, layer.sub_mins.data, layer.super_scales.data,
+                 layer.super_mins.data)
+        del layer.qweight, layer.sub_scales, layer.sub_mins, layer.super_scales, layer.super_mins
+        n, k = parts[0].shape
+        repacked: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def measure() -> int:
+            repacked.append(native.repack_super_blocks(*parts))
+            w, sb = repacked[0]
+            return measure_dequant_min_rows(lambda x, rows: native.linear_super_blocks(x, w, sb, dequant_min_rows=rows),
+                                            k)
+
+        choice = choose((n, k), super_blocks.SUPER_BLOCK, isinstance(layer, ParallelLMHead), measure,
+                        layout="super_blocks")
+        _log_choice(n, k, super_blocks.SUB_BLOCK, choice, "super_blocks")
+        if choice.kernel != "native":
+            layer.cpu_int4_super_blocks = False
+            codes, scales, zeros = super_blocks.to_groups(*parts)
+            self._process_groups(layer, codes, scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
+            return
+        layer.cpu_int4_kernel = "native"
+        w, sb = repacked[0] if repacked else native.repack_super_blocks(*parts)
+        layer.w4a8_weight = torch.nn.Parameter(w, requires_grad=False)
+        layer.w4a8_super_blocks = torch.nn.Parameter(sb, requires_grad=False)
+        layer.register_buffer(
+            "cpu_int4_dequant_rows", torch.tensor(choice.dequant_min_rows, dtype=torch.int64), persistent=False)
+
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if layer.cpu_int4_kernel == "native":
+            if layer.cpu_int4_super_blocks:
+                return native.linear_super_blocks(x, layer.w4a8_weight, layer.w4a8_super_blocks, bias, "auto",
+                                                  layer.cpu_int4_dequant_rows)
             return native.linear(x, layer.w4a8_weight, layer.w4a8_scales_zeros, layer.cpu_int4_group_size, bias,
                                  "auto", layer.cpu_int4_dequant_rows)
         return cpu_int4_linear(x, layer.int4_weight, layer.int4_scales_zeros, layer.cpu_int4_group_size, bias)

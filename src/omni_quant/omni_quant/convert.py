@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from omni_quant import super_blocks
 from omni_quant.calibration import CalibrationError, linear_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import PackFormat, format_version_for, pack
@@ -54,7 +55,8 @@ logger = logging.getLogger("omni_quant.convert")
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
-CONVERTER_VERSION = "omni-quant-convert/4"  # 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too
+CONVERTER_VERSION = "omni-quant-convert/5"
+# 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too; 5: super-blocks (GGUF Q4_K kept as they are)
 DEFAULT_GROUP_SIZE = 32
 SHARD_BYTES = 256 << 20
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -218,6 +220,31 @@ def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_siz
     return db, write_codes(writer, module, q, s, z)
 
 
+def write_super_blocks(writer: ShardWriter, module: str, codes: torch.Tensor, sub_scales: torch.Tensor,
+                       sub_mins: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor) -> int:
+    """Write one cpu_int4 layer in super-blocks (:mod:`omni_quant.super_blocks`: codes uint8 ``[N, K]``,
+    six-bit ``sub_scales``/``sub_mins`` ``[N, K/32]``, ``d``/``dmin`` ``[N, K/256]``, stored float16); return the
+    bytes written."""
+    parts = (pack(codes.to(torch.uint8)), sub_scales.to(torch.uint8), sub_mins.to(torch.uint8), d.to(torch.float16),
+             dmin.to(torch.float16))
+    for name, t in zip(super_blocks.TENSORS, parts, strict=True):
+        writer.add(f"{module}.{name}", t.contiguous())
+    return sum(t.numel() * t.element_size() for t in parts)
+
+
+def write_quantized_super_blocks(writer: ShardWriter, module: str, w: torch.Tensor,
+                                 importance: torch.Tensor | None = None) -> tuple[float, int]:
+    """Fit the float weight ``w`` ``[N, K]`` (K a multiple of 256) to super-blocks
+    (:func:`omni_quant.super_blocks.quantize`, weighted by ``importance`` ``[K]`` when given) and write it;
+    return (SQNR dB, bytes).
+
+    Raises:
+        ValueError: from the fit (NaN/inf, a range beyond float16 steps)."""
+    parts = super_blocks.quantize(w, importance)
+    db = sqnr_db(w, super_blocks.dequantize(*parts))
+    return db, write_super_blocks(writer, module, *parts)
+
+
 def write_int8(writer: ShardWriter, module: str, w: torch.Tensor) -> tuple[float, int]:
     """Quantize the float weight ``w`` ``[N, K]`` to 8 bits per output channel
     (:func:`omni_quant.quant_math.quantize_int8`) and write ``qweight8``/``scales8``; return (SQNR dB, bytes)."""
@@ -228,9 +255,11 @@ def write_int8(writer: ShardWriter, module: str, w: torch.Tensor) -> tuple[float
 
 
 def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure,
-                    bits8: list[str] | None = None, recipe: str = DEFAULT_RECIPE) -> dict:
+                    bits8: list[str] | None = None, recipe: str = DEFAULT_RECIPE,
+                    super_block_modules: list[str] | None = None) -> dict:
     """The ``quantization_config`` of a cpu_int4 checkpoint: ``per_module`` gives the group size of each
-    4-bit module, ``bits8`` names the 8-bit ones (``bits_per_module``; format version 2); what the loader
+    4-bit module (32 for one in super-blocks), ``bits8`` names the 8-bit ones (``bits_per_module``; format
+    version 2), ``super_block_modules`` the 4-bit ones in super-blocks (format version 3); what the loader
     must build unquantized is the keep list and every linear layer the converter copied, by full name."""
     bits_per_module = dict.fromkeys(sorted(bits8 or []), 8)
     quantized = set(per_module) | set(bits_per_module)
@@ -239,11 +268,12 @@ def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int]
         "bits": 4,
         "group_size": group_size,
         "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
-        "format_version": format_version_for({4, *bits_per_module.values()}),
+        "format_version": format_version_for({4, *bits_per_module.values()}, bool(super_block_modules)),
         "modules_to_not_convert": sorted(set(keep) | {
             n for n in structure.linear if n not in quantized and n.rsplit(".", 1)[-1] not in keep}),
         "group_size_per_module": per_module,
         **({"bits_per_module": bits_per_module} if bits_per_module else {}),
+        **({"super_block_modules": sorted(super_block_modules)} if super_block_modules else {}),
         "recipe": recipe,
         "converter_version": CONVERTER_VERSION,
     }
@@ -614,6 +644,13 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
     if importance is not None and importance.numel() != w.shape[1]:
         raise ConversionError(f"{source_name}: the layer's input has {importance.numel()} channels in the model "
                               f"transformers builds, the tensor {w.shape[1]}; the checkpoint is inconsistent")
+    if recipe.super_blocks and super_blocks.fits(w.shape[1]):
+        try:
+            db, out_bytes = write_quantized_super_blocks(writer, module, w, importance)
+        except ValueError as e:
+            raise ConversionError(f"{source_name}: {e} (--keep-bf16 {module})") from None
+        return TensorReport(label, list(w.shape), "quantized in super-blocks", super_blocks.SUB_BLOCK, round(db, 2),
+                            bytes_in, out_bytes, 4)
     try:
         db, out_bytes = write_quantized(writer, module, w, g, importance)
     except ValueError as e:  # a range no float scale holds (quantize's own check)
@@ -628,6 +665,7 @@ def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: in
     quantized = {_module_of(r.name): r for r in reports if r.bits is not None}
     per_module = {m: r.group_size for m, r in quantized.items() if r.bits == 4}
     bits8 = [m for m, r in quantized.items() if r.bits == 8]
+    sb = [m for m, r in quantized.items() if "super-blocks" in r.action]
     out = dict(config)
     if plan.tied and plan.quantize_head:
         out["tie_word_embeddings"] = False
@@ -635,7 +673,7 @@ def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: in
         "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
         "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
     } if fmt == "gptq" else cpu_int4_config(group_size, plan.keep, per_module, plan.structure, bits8,
-                                            recipe.name)
+                                            recipe.name, sb)
     (tmp / "config.json").write_text(json.dumps(out, indent=2) + "\n")
 
 

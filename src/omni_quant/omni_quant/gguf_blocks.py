@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EXACT_TYPES", "GROUP", "stored_values_finite", "to_cpu_int4"]
+__all__ = ["EXACT_TYPES", "GROUP", "scale_min_k4", "stored_values_finite", "to_cpu_int4"]
 
 GROUP = 32
 EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -65,7 +65,7 @@ def _nibbles_32(qs: np.ndarray) -> np.ndarray:
     return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
 
 
-def _scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def scale_min_k4(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Q4_K's 12 bytes a super-block -> 8 six-bit scales and 8 six-bit mins (``get_scale_min_k4``)."""
     s = scales.astype(np.uint8)
     sc = np.empty((s.shape[0], 8), dtype=np.uint8)
@@ -110,7 +110,7 @@ def to_cpu_int4(raw: np.ndarray, kind: str, rows: int, cols: int) -> tuple[np.nd
         scales, zeros = d[:, None], (m + 8.0 * d)[:, None]
     else:  # Q4_K
         d, dmin = _f16(b, 0), _f16(b, 2)
-        sc, mn = _scale_min_k4(b[:, 4:16])
+        sc, mn = scale_min_k4(b[:, 4:16])
         qs = b[:, 16:144].reshape(nblocks, 4, 32)
         codes = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nblocks, 256)  # groups 2j, 2j+1 of pair j
         scales = d[:, None] * sc.astype(np.float32)

@@ -5,13 +5,17 @@ the file's chat template kept (transformers 5 drops ``tokenizer.chat_template`` 
 back from the GGUF's metadata). Tensors are matched to the checkpoint names transformers uses
 (``get_gguf_hf_weights_map`` on the model built on the meta device) and then, per tensor:
 
-- a linear layer stored as ``Q4_0``, ``Q4_1`` or ``Q4_K`` is **repacked**: its 4-bit codes are kept
-  bit for bit, at group size 32 (:mod:`omni_quant.gguf_blocks`; the scales and zeros rounded to
-  bf16). llama.cpp's row permutation of Llama's q/k projections is undone on codes, scales and
-  zeros alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
-- any other linear layer (``Q5_x``, ``Q6_K``, ``Q8_0``, ``F16``, ...) is dequantized with the
-  ``gguf`` package and **requantized** to 4 bits at group size 32 with the default recipe's weighted
-  rounding, the calibration run on transformers' dequantized reading of the same file;
+- a linear layer whose K is a multiple of 256 is stored in **super-blocks** (Q4_K's arrangement,
+  :mod:`omni_quant.super_blocks`), unless a member of its vLLM fused layer is ``Q4_0``/``Q4_1``:
+  a ``Q4_K`` tensor is **repacked** bit for bit (codes, six-bit scales and mins, float16 ``d`` and
+  ``dmin``), any other type is dequantized and **requantized** into super-blocks;
+- the other linear layers are per group of 32: ``Q4_0``, ``Q4_1`` and ``Q4_K`` **repacked**, their
+  4-bit codes kept bit for bit (:mod:`omni_quant.gguf_blocks`; the scales and zeros rounded to
+  bf16), any other type (``Q5_x``, ``Q6_K``, ``Q8_0``, ``F16``, ...) dequantized with the ``gguf``
+  package and **requantized** to 4 bits at group size 32;
+- requantization uses the default recipe's weighted rounding, the calibration run on transformers'
+  dequantized reading of the same file. llama.cpp's row permutation of Llama's q/k projections is
+  undone on codes and constants alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
 - everything else (embeddings, norms, biases) is dequantized and **copied** in bf16.
 
 ``quantization_report.json`` says which path each tensor took and its GGUF type.
@@ -26,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from omni_quant import super_blocks
 from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, stored_values_finite, to_cpu_int4
 
 __all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
@@ -122,15 +127,41 @@ DAMAGED = "the file is damaged (re-download it, or convert the checkpoint it was
 
 
 def _requantize(writer, module: str, w: torch.Tensor, importance: dict[str, torch.Tensor],
-                what: str) -> tuple[float, int]:
-    """:func:`omni_quant.convert.write_quantized` at group size 32 (SQNR dB, bytes written), its
-    ``ValueError`` (a range no float scale holds) as a ConversionError naming ``what``."""
-    from omni_quant.convert import ConversionError, write_quantized
+                what: str, in_super_blocks: bool = False) -> tuple[float, int]:
+    """:func:`omni_quant.convert.write_quantized` at group size 32, or in super-blocks (SQNR dB, bytes
+    written), its ``ValueError`` (a range no float scale holds) as a ConversionError naming ``what``."""
+    from omni_quant.convert import ConversionError, write_quantized, write_quantized_super_blocks
 
     try:
+        if in_super_blocks:
+            return write_quantized_super_blocks(writer, module, w, _fits(importance.get(module), w))
         return write_quantized(writer, module, w, GROUP, _fits(importance.get(module), w))
     except ValueError as e:
         raise ConversionError(f"{what}: {e}") from None
+
+
+PER_GROUP_TYPES = ("Q4_0", "Q4_1")
+"""GGUF types whose exact form is per group of 32: a fused layer holding one stays per group."""
+
+
+def _super_block_modules(reader, name_map: dict[str, str], structure) -> set[str]:
+    """The linear modules the GGUF path stores in super-blocks: K a multiple of 256, and no member of
+    the module's vLLM fused layer (``structure.fused``) stored as a per-group type."""
+    kinds, cols = {}, {}
+    for t in reader.tensors:
+        hf = name_map.get(t.name)
+        if hf and hf.endswith(".weight") and len(t.shape) == 2:
+            module = hf.rsplit(".", 1)[0]
+            kinds[module], cols[module] = t.tensor_type.name, int(t.shape[0])
+    chosen = set()
+    for module, k in cols.items():
+        if not (module in structure.linear or module == "lm_head") or not super_blocks.fits(k):
+            continue
+        parent, _, short = module.rpartition(".")
+        members = structure.partners(short) or (short,)
+        if not any(kinds.get(f"{parent}.{m}" if parent else m) in PER_GROUP_TYPES for m in members):
+            chosen.add(module)
+    return chosen
 
 
 def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list:
@@ -154,6 +185,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         publish,
         write_codes,
         write_report,
+        write_super_blocks,
     )
     from omni_quant.structure import StructureError, model_structure
 
@@ -182,6 +214,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         exact_ok = type(processor) in (TensorProcessor, LlamaTensorProcessor)
         importance, importance_how = _importance(path)
         writer, reports, per_module = ShardWriter(tmp), [], {}
+        in_sb = _super_block_modules(reader, name_map, structure) if exact_ok else set()
         tied = not any(t.name == "output.weight" for t in reader.tensors)
         head_from = None
         for t in reader.tensors:
@@ -193,7 +226,16 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             module = hf.rsplit(".", 1)[0]
             rows, cols = (int(t.shape[1]), int(t.shape[0])) if len(t.shape) == 2 else (None, None)
             linear = hf.endswith(".weight") and (module in structure.linear or module == "lm_head")
-            if linear and kind in EXACT_TYPES and exact_ok and cols % GROUP == 0:
+            if linear and module in in_sb and kind == "Q4_K":
+                parts = super_blocks.from_q4_k(np.asarray(t.data), rows, cols)  # d, dmin checked above
+                parts = [processor.process(a, t.name).weights for a in parts]  # llama q/k rows
+                out_bytes = write_super_blocks(writer, module,
+                                               *(torch.from_numpy(np.ascontiguousarray(a)) for a in parts))
+                per_module[module] = GROUP
+                reports.append(TensorReport(f"{hf} <- {t.name}", [rows, cols], f"repacked from {kind} in super-blocks",
+                                            GROUP, None, int(t.n_bytes), out_bytes, 4))
+                continue
+            if linear and module not in in_sb and kind in EXACT_TYPES and exact_ok and cols % GROUP == 0:
                 codes, s, z = to_cpu_int4(np.asarray(t.data), kind, rows, cols)  # scales checked above
                 codes, s, z = (processor.process(a, t.name).weights for a in (codes, s, z))  # llama q/k rows
                 out_bytes = write_codes(writer, module,
@@ -213,9 +255,11 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             # np.array copies: the file is mapped read-only, and torch warns on a read-only array
             w = torch.from_numpy(np.array(values, dtype=np.float32)).to(torch.bfloat16)
             if linear:
-                db, out_bytes = _requantize(writer, module, w, importance, f"{path}: tensor {t.name}")
+                sb = module in in_sb
+                db, out_bytes = _requantize(writer, module, w, importance, f"{path}: tensor {t.name}", sb)
                 per_module[module] = GROUP
-                reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape), f"requantized from {kind}", GROUP,
+                reports.append(TensorReport(f"{hf} <- {t.name}", list(w.shape),
+                                            f"requantized from {kind}" + (" in super-blocks" if sb else ""), GROUP,
                                             round(db, 2), int(t.n_bytes), out_bytes, 4))
             else:
                 writer.add(hf, w)
@@ -224,18 +268,22 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 if tied and hf.endswith("embed_tokens.weight"):
                     head_from = w
         if tied and head_from is not None and not structure.head_is_embedding:
+            sb = exact_ok and super_blocks.fits(head_from.shape[1])
             db, out_bytes = _requantize(writer, "lm_head", head_from, importance,
-                                        f"{path}: token_embd.weight (tied head)")
+                                        f"{path}: token_embd.weight (tied head)", sb)
             per_module["lm_head"] = GROUP
-            reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape),
-                                        "requantized from the dequantized embedding", GROUP, round(db, 2), 0,
-                                        out_bytes, 4))
+            if sb:
+                in_sb.add("lm_head")
+            action = "requantized from the dequantized embedding" + (" in super-blocks" if sb else "")
+            reports.append(TensorReport("lm_head.weight <- token_embd.weight (tied)", list(head_from.shape), action,
+                                        GROUP, round(db, 2), 0, out_bytes, 4))
         writer.finish()
         keep = ["lm_head"] if tied and structure.head_is_embedding else []
         untie = tied and not structure.head_is_embedding
         if untie:
             config["tie_word_embeddings"] = False
-        config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf")
+        config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf",
+                                                        super_block_modules=sorted(in_sb & set(per_module)))
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_report(tmp, reports, source=str(path), source_format="gguf", recipe="gguf", group_size=GROUP,
                      keep_bf16=keep, importance=importance_how,

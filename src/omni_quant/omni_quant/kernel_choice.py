@@ -108,8 +108,7 @@ def _median_s(fn, repeats: int = 3) -> float:
     return statistics.median(samples)
 
 
-def measure_dequant_min_rows(w: torch.Tensor, sz: torch.Tensor, group_size: int,
-                             rows: tuple[int, ...] = CALIBRATION_ROWS) -> int:
+def measure_dequant_min_rows(run, k: int, rows: tuple[int, ...] = CALIBRATION_ROWS) -> int:
     """Smallest row count in ``rows`` at which dequantize + bf16 GEMM takes at most
     ``WIN_MARGIN`` of the native kernel's time on these weights (seconds, median of 3); 0 if none.
 
@@ -119,16 +118,18 @@ def measure_dequant_min_rows(w: torch.Tensor, sz: torch.Tensor, group_size: int,
     comparison, not one per row count.
 
     Args:
-        w, sz: one layer in the kernel's layout (:func:`omni_quant.native.repack`).
+        run: ``(x, dequant_min_rows) -> y``, one layer in the kernel's layout
+            (:func:`omni_quant.native.linear` or :func:`omni_quant.native.linear_super_blocks`);
+            ``dequant_min_rows=0`` the native kernel, ``1`` the dequantize path.
+        k: the layer's input features (the columns of ``x``).
         rows: the row counts to try, ascending.
     """
-    k = w.shape[1] * 8
     gen = torch.Generator().manual_seed(0)
 
     def dequant_wins(m: int) -> bool:
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-        t_native = _median_s(lambda: native.linear(x, w, sz, group_size))
-        t_dequant = _median_s(lambda: native.linear(x, w, sz, group_size, dequant_min_rows=1))
+        t_native = _median_s(lambda: run(x, 0))
+        t_dequant = _median_s(lambda: run(x, 1))
         return t_dequant <= WIN_MARGIN * t_native
 
     if not rows or not dequant_wins(rows[-1]):
@@ -136,12 +137,13 @@ def measure_dequant_min_rows(w: torch.Tensor, sz: torch.Tensor, group_size: int,
     return next(m for m in rows if m == rows[-1] or dequant_wins(m))
 
 
-def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) -> Choice:
+def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure, layout: str = "groups") -> Choice:
     """The kernel for one ``[N, K]`` layer.
 
     Args:
         w_shape: ``(N, K)``.
-        group_size: the layer's group size.
+        group_size: the layer's group size (256 for super-blocks).
+        layout: ``"groups"`` or ``"super_blocks"`` (:mod:`omni_quant.super_blocks`).
         is_head: the output head: it sees one row per sequence (vLLM computes logits only for
             the positions it samples), so it never takes the prefill path and is not measured.
         measure: ``() -> int``, runs :func:`measure_dequant_min_rows` on the layer once repacked
@@ -157,7 +159,8 @@ def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) ->
         raise ValueError(f"OMNI_INT4_KERNEL={want!r}: choose auto, native or int4pack")
     if want == "int4pack":
         return Choice("int4pack", 0, "OMNI_INT4_KERNEL=int4pack")
-    if not native.available() or not native.supports_shape(n, k, group_size):
+    fits = native.supports_shape(n, k, group_size) and (layout == "groups" or k % native.SUPER_BLOCK == 0)
+    if not native.available() or not fits:
         why = (f"omni W4A8 kernel not built ({native.unavailable_reason()})" if not native.available()
                else f"[N={n}, K={k}] group {group_size} does not fit the omni W4A8 kernel "
                     "(N % 16, group_size % 16)")
@@ -169,7 +172,7 @@ def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure) ->
     rows, user_set = _setting("OMNI_INT4_DEQUANT_MIN_ROWS")
     if user_set:
         return Choice("native", rows, "OMNI_INT4_DEQUANT_MIN_ROWS")
-    key = f"{_cpu_key()}|{n}x{k}|g{group_size}"
+    key = f"{_cpu_key()}|{n}x{k}|" + ("super_blocks" if layout == "super_blocks" else f"g{group_size}")
     if key in _memo:
         return Choice("native", _memo[key], "measured (this process)")
     path = _cache_path()

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["available", "best_isa", "dequantize", "linear", "repack", "supported_isas", "supports_shape"]
+__all__ = ["SUPER_BLOCK", "available", "best_isa", "dequantize", "dequantize_super_blocks", "linear",
+           "linear_super_blocks", "repack", "repack_super_blocks", "supported_isas", "supports_shape"]
 
 try:
     from omni_quant import _w4a8  # noqa: F401  (registers torch.ops.omni_quant.w4a8_linear)
@@ -44,13 +45,25 @@ else:
     def _fake_dequantize(w, sz, group_size, isa="auto"):
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
 
+    @torch.library.register_fake("omni_quant::w4a8_linear_sb")
+    def _fake_sb(x, w, sb, bias=None, isa="auto", dequant_rows=None):
+        return x.new_empty((x.shape[0], w.shape[0] * 16))
+
+    @torch.library.register_fake("omni_quant::dequantize_sb")
+    def _fake_dequantize_sb(w, sb, isa="auto"):
+        return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)
+
 BLOCK_N = 16
-KERNEL_REVISION = 5
+SUPER_BLOCK = 256
+"""Input channels of a super-block (the super-block layout: 8 sub-blocks of 32)."""
+SB_BYTES = 320
+KERNEL_REVISION = 6
 """Bumped when the compiled kernels change speed or results: part of the key of cached
 measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
 int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
 quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
-accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows."""
+accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows.
+6: the super-block layout (:func:`linear_super_blocks`)."""
 
 
 def available() -> bool:
@@ -140,3 +153,77 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
 def dequantize(w: torch.Tensor, sz: torch.Tensor, group_size: int, isa: str = "auto") -> torch.Tensor:
     """The kernel's layout back to the weight: bf16 ``[N, K]``, ``(q - 8) * s + z`` rounded to bf16."""
     return torch.ops.omni_quant.dequantize(w, sz, group_size, isa)
+
+
+def repack_super_blocks(codes: torch.Tensor, sub_scales: torch.Tensor, sub_mins: torch.Tensor,
+                        d: torch.Tensor, dmin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Super-block weights (``w = d * sc_j * q - dmin * m_j``, Q4_K's arrangement) -> the kernel's layout.
+
+    Args:
+        codes: ``[N, K]`` integer codes 0..15 (K a multiple of 256).
+        sub_scales, sub_mins: ``[N, K / 32]`` integers 0..63 (one per sub-block of 32).
+        d, dmin: ``[N, K / 256]`` float16 (one pair per super-block of 256).
+
+    Returns:
+        ``(w, sb)``: uint8 ``[N/16, K/8, 16, 4]`` (as :func:`repack`) and uint8 ``[N/16, K/256, 320]``:
+        per block of 16 channels and super-block, ``sc[j][l]`` (128 bytes), the mins of sub-blocks
+        ``2p, 2p+1`` side by side per channel ``m[p][l][2]`` (128), ``d[l]`` and ``dmin[l]`` fp16 (32 + 32).
+
+    Raises:
+        ValueError: N is not a multiple of 16, K not of 256, or a tensor's shape does not match.
+    """
+    n, k = codes.shape
+    if n % BLOCK_N or k % SUPER_BLOCK:
+        raise ValueError(f"omni_quant.native.repack_super_blocks: [N={n}, K={k}] needs N % 16 == 0 and K % 256 == 0")
+    sbs = k // SUPER_BLOCK
+    for name, t, cols in (("sub_scales", sub_scales, k // 32), ("sub_mins", sub_mins, k // 32),
+                          ("d", d, sbs), ("dmin", dmin, sbs)):
+        if tuple(t.shape) != (n, cols):
+            raise ValueError(f"omni_quant.native.repack_super_blocks: {name} is {tuple(t.shape)}, "
+                             f"expected ({n}, {cols})")
+    w, _ = repack(codes, torch.zeros(n, 1), torch.zeros(n, 1))
+    nb = n // BLOCK_N
+    sc = sub_scales.to(torch.uint8).view(nb, BLOCK_N, sbs, 8).permute(0, 2, 3, 1)            # [nb, S, j, l]
+    mn = sub_mins.to(torch.uint8).view(nb, BLOCK_N, sbs, 4, 2).permute(0, 2, 3, 1, 4)        # [nb, S, p, l, 2]
+    dd = d.to(torch.float16).view(nb, BLOCK_N, sbs).permute(0, 2, 1).contiguous().view(torch.uint8)
+    dm = dmin.to(torch.float16).view(nb, BLOCK_N, sbs).permute(0, 2, 1).contiguous().view(torch.uint8)
+    sb = torch.cat([sc.reshape(nb, sbs, 128), mn.reshape(nb, sbs, 128), dd, dm], dim=2).contiguous()
+    return w, sb
+
+
+def linear_super_blocks(x: torch.Tensor, w: torch.Tensor, sb: torch.Tensor, bias: torch.Tensor | None = None,
+                        isa: str = "auto", dequant_min_rows: int | torch.Tensor = 0) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` with W in the super-block layout (:func:`repack_super_blocks`).
+
+    The activations are quantized to int8 per (row, super-block of 256) with one scale ``xs``
+    (``max|x| / 127``, llama.cpp's Q8_K) and the int sums ``bsum_j`` of each sub-block of 32; then per
+    super-block ``y += xs * (d * sum_j sc_j * sum_{k in j} q xq  -  dmin * sum_j m_j * bsum_j)``, all in
+    integers but the last step (llama.cpp's Q4_K x Q8_K dot product, ``ggml-cpu/arch/x86/quants.c``).
+    AVX2 (``vpmaddubsw``, sub-block scales applied by the widening ``vpmaddwd``) on every AVX2 CPU,
+    plain C++ elsewhere or with ``isa="scalar"``.
+
+    Args:
+        x: ``[..., K]``; bf16 and float32 as they are, other floating dtypes through float32.
+        w, sb: from :func:`repack_super_blocks`. bias: optional ``[N]``.
+        isa, dequant_min_rows: as :func:`linear`.
+
+    Returns:
+        ``[..., N]`` in ``x``'s dtype.
+
+    Raises:
+        RuntimeError: from the kernel, naming the argument that is wrong.
+    """
+    shape = x.shape
+    if not x.is_floating_point():
+        raise TypeError(f"omni_quant.native.linear_super_blocks: x must be floating point, got {x.dtype}")
+    if x.dtype not in (torch.bfloat16, torch.float32):
+        return linear_super_blocks(x.float(), w, sb, bias, isa, dequant_min_rows).to(x.dtype)
+    rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
+        torch.tensor(dequant_min_rows, dtype=torch.int64) if dequant_min_rows else None)
+    y = torch.ops.omni_quant.w4a8_linear_sb(x.reshape(-1, shape[-1]).contiguous(), w, sb, bias, isa, rows)
+    return y.reshape(*shape[:-1], y.shape[-1])
+
+
+def dequantize_super_blocks(w: torch.Tensor, sb: torch.Tensor, isa: str = "auto") -> torch.Tensor:
+    """The super-block layout back to the weight: bf16 ``[N, K]``, ``(d sc_j) q - (dmin m_j)`` rounded to bf16."""
+    return torch.ops.omni_quant.dequantize_sb(w, sb, isa)

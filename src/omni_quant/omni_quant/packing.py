@@ -13,17 +13,21 @@ import torch
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "PackFormat", "format_version_for", "pack", "unpack"]
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """1: NIBBLES_LOW_FIRST qweight, bf16 scales and zeros [N, K / group_size].
 2: as 1, and modules may be 8-bit weight-only (``bits`` / ``bits_per_module``: ``qweight8`` int8
-``[N, K]``, ``scales8`` ``[N]``)."""
+``[N, K]``, ``scales8`` ``[N]``).
+3: as 2, and 4-bit modules may be in super-blocks (``super_block_modules``: Q4_K's arrangement,
+:mod:`omni_quant.super_blocks`)."""
 
-READABLE_FORMAT_VERSIONS = (1, 2)
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 
-def format_version_for(bits: set[int]) -> int:
-    """The lowest format version that holds modules of these widths (so older readers keep reading
-    all-4-bit checkpoints): 1 for ``{4}``, else 2."""
+def format_version_for(bits: set[int], super_blocks: bool = False) -> int:
+    """The lowest format version that holds these modules (so older readers keep reading what they
+    can): 3 with super-block modules, else 1 for ``{4}`` and 2 with 8-bit modules."""
+    if super_blocks:
+        return 3
     return 1 if bits <= {4} else 2
 
 

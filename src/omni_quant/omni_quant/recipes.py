@@ -26,6 +26,8 @@ class Recipe:
             text (:mod:`omni_quant.calibration`); 8-bit rounding is never weighted (its error is
             256 times smaller at the same range).
         summary: one line for ``--help`` and the report.
+        super_blocks: 4-bit layers whose K is a multiple of 256 in super-blocks (Q4_K's arrangement,
+            4.625 bits a weight, :mod:`omni_quant.super_blocks`), the others per group.
     """
 
     name: str
@@ -33,6 +35,7 @@ class Recipe:
     head_bits: int
     weighted: bool
     summary: str
+    super_blocks: bool = False
 
     def bits_for(self, module: str, head: str = "lm_head") -> int:
         """The width of checkpoint module ``module``; ``head`` is the output head's checkpoint name
@@ -45,6 +48,8 @@ RECIPES = {r.name: r for r in (
     Recipe("q4", 4, 4, False, "every linear 4-bit, unweighted rounding (no calibration forward)"),
     Recipe("q4-head8", 4, 8, True, "as default, the output head 8-bit (more bits, closer to bf16)"),
     Recipe("q8", 8, 8, False, "every linear 8-bit weight-only, one scale per output channel"),
+    Recipe("q4k", 4, 4, True, "every linear 4-bit in super-blocks of 256 (Q4_K's arrangement, 4.625 bits a "
+           "weight) where K allows, else group 32; rounding weighted", super_blocks=True),
 )}
 DEFAULT_RECIPE = "default"
 

@@ -1,0 +1,189 @@
+"""cpu_int4's super-block scheme (format_version 3, Q4_K's arrangement): the fit from float weights, the
+GGUF Q4_K repack bit for bit, and omni's super-block kernel on every path this CPU runs against the
+dequantize-then-matmul reference."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_quant import native, super_blocks
+from omni_quant.quant_math import dequantize, quantize, sqnr_db
+
+needs_kernel = pytest.mark.skipif(not native.available(),
+                                  reason=f"omni W4A8 kernel not built: {native.unavailable_reason()}")
+ISAS = native.supported_isas() if native.available() else []
+
+
+def _weights(n, k, seed, scale=0.05):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(n, k, generator=gen) * scale, gen
+
+
+def test_the_fit_is_as_close_as_bf16_groups_of_32_in_fewer_bits():
+    """Super-blocks store 4.625 bits a weight against 5.0 for bf16 scale and zero per 32; on Gaussian and
+    heavy-tailed weights the fit loses at most 0.5 dB against the per-group fit."""
+    gen = torch.Generator().manual_seed(0)
+    for w in (torch.randn(128, 1536, generator=gen) * 0.02,
+              torch.distributions.StudentT(3.0).sample((128, 1536)) * 0.02):
+        parts = super_blocks.quantize(w)
+        q, s, z = quantize(w, 32, torch.bfloat16)
+        assert sqnr_db(w, super_blocks.dequantize(*parts)) >= sqnr_db(w, dequantize(q, s, z, torch.float32)) - 0.5
+
+
+def test_the_fit_returns_the_documented_ranges_and_dtypes():
+    w, _ = _weights(32, 512, 1)
+    codes, sc, mn, d, dmin = super_blocks.quantize(w)
+    assert codes.shape == (32, 512) and codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    assert sc.shape == mn.shape == (32, 16) and sc.dtype == mn.dtype == torch.uint8
+    assert int(sc.max()) <= 63 and int(mn.max()) <= 63
+    assert d.shape == dmin.shape == (32, 2) and d.dtype == dmin.dtype == torch.float16
+    assert bool((d >= 0).all()) and bool((dmin >= 0).all())
+
+
+def test_importance_lowers_the_weighted_error():
+    w, gen = _weights(64, 768, 2)
+    imp = torch.rand(768, generator=gen) ** 4
+    plain, weighted = super_blocks.quantize(w), super_blocks.quantize(w, importance=imp)
+
+    def err(parts):
+        return float(((super_blocks.dequantize(*parts) - w).pow(2) * imp).sum())
+
+    assert err(weighted) < err(plain)
+
+
+def test_a_positive_only_weight_and_a_zero_weight_come_back_closely():
+    w = torch.rand(16, 256) + 1.0  # all positive: the min is clamped to 0, the scale covers [0, max]
+    assert sqnr_db(w, super_blocks.dequantize(*super_blocks.quantize(w))) > 25
+    z = torch.zeros(16, 256)
+    assert torch.equal(super_blocks.dequantize(*super_blocks.quantize(z)), z)
+
+
+@pytest.mark.parametrize("bad, what", [
+    (torch.randn(16, 288), "multiple of 256"),
+    (torch.full((16, 256), 1e9), "float16"),
+])
+def test_bad_weights_are_refused_with_what_to_do(bad, what):
+    with pytest.raises(ValueError, match=what):
+        super_blocks.quantize(bad)
+
+
+def test_to_groups_is_the_same_weight_per_group_of_32():
+    w, _ = _weights(32, 512, 3)
+    parts = super_blocks.quantize(w)
+    q, s, z = super_blocks.to_groups(*parts)
+    assert torch.allclose(dequantize(q, s, z, torch.float32), super_blocks.dequantize(*parts), atol=1e-6)
+
+
+def _q4_k_bytes(codes, sc, mn, d, dmin):
+    """Q4_K blocks written by hand from the fields (llama.cpp block_q4_K, the inverse of get_scale_min_k4)."""
+    n, k = codes.shape
+    blocks = []
+    c = codes.reshape(-1, 256)
+    sc, mn = sc.reshape(-1, 8), mn.reshape(-1, 8)
+    for i in range(c.shape[0]):
+        packed = np.zeros(12, dtype=np.uint8)
+        packed[0:4] = (sc[i, :4] & 63) | ((sc[i, 4:] >> 4) << 6)
+        packed[4:8] = (mn[i, :4] & 63) | ((mn[i, 4:] >> 4) << 6)
+        packed[8:12] = (sc[i, 4:] & 0x0F) | ((mn[i, 4:] & 0x0F) << 4)
+        qs = c[i].reshape(4, 2, 32)
+        blocks.append(np.concatenate([
+            np.array([d.reshape(-1)[i]], dtype=np.float16).view(np.uint8),
+            np.array([dmin.reshape(-1)[i]], dtype=np.float16).view(np.uint8),
+            packed, (qs[:, 0] | (qs[:, 1] << 4)).reshape(-1).astype(np.uint8)]))
+    return np.concatenate(blocks)
+
+
+def test_a_q4_k_tensor_comes_back_bit_for_bit_and_dequantizes_as_the_gguf_package_does():
+    from gguf import GGMLQuantizationType
+    from gguf import dequantize as gguf_dequantize
+
+    rng = np.random.default_rng(0)
+    n, k = 16, 512
+    codes = rng.integers(0, 16, (n, k), dtype=np.uint8)
+    sc, mn = rng.integers(0, 64, (n, k // 32), dtype=np.uint8), rng.integers(0, 64, (n, k // 32), dtype=np.uint8)
+    d = (rng.random((n, k // 256)) * 0.01).astype(np.float16)
+    dmin = (rng.random((n, k // 256)) * 0.01).astype(np.float16)
+    raw = _q4_k_bytes(codes, sc, mn, d, dmin)
+    got = super_blocks.from_q4_k(raw, n, k)
+    for a, b in zip(got, (codes, sc, mn, d, dmin), strict=True):
+        assert np.array_equal(a, b)
+    ref = gguf_dequantize(raw, GGMLQuantizationType.Q4_K).reshape(n, k)
+    ours = super_blocks.dequantize(*(torch.from_numpy(np.ascontiguousarray(a)) for a in got)).numpy()
+    assert np.allclose(ours, ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="needs"):
+        super_blocks.from_q4_k(raw[:-1], n, k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+@settings(max_examples=20, deadline=None)
+@given(n16=st.integers(1, 6), sbs=st.integers(1, 4), m=st.integers(1, 13), seed=st.integers(0, 2**16),
+       bias=st.booleans(), f32=st.booleans())
+def test_the_kernel_matches_the_dequantized_reference(isa, n16, sbs, m, seed, bias, f32):
+    """SQNR >= 36 dB against x @ W.T on the dequantized weight: only the int8 rounding of the activations
+    (one scale per row and 256 input channels, llama.cpp's Q8_K) differs. m covers the 4-row assembly
+    path and its 1-3 row tails; random integer scales and mins cover the whole six-bit range."""
+    n, k = 16 * n16, 256 * sbs
+    gen = torch.Generator().manual_seed(seed)
+    parts = (torch.randint(0, 16, (n, k), generator=gen, dtype=torch.uint8),
+             torch.randint(0, 64, (n, k // 32), generator=gen, dtype=torch.uint8),
+             torch.randint(0, 64, (n, k // 32), generator=gen, dtype=torch.uint8),
+             (torch.rand(n, sbs, generator=gen) * 0.01).half(), (torch.rand(n, sbs, generator=gen) * 0.01).half())
+    w, sb = native.repack_super_blocks(*parts)
+    x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
+    b = torch.randn(n, generator=gen).to(torch.bfloat16) if bias else None
+    if f32:
+        x, b = x.float(), (b.float() if b is not None else None)
+    got = native.linear_super_blocks(x, w, sb, b, isa)
+    assert got.shape == (m, n) and got.dtype == x.dtype
+    ref = x.float() @ super_blocks.dequantize(*parts).T + (b.float() if b is not None else 0)
+    assert sqnr_db(ref, got.float()) >= 36.0
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_dequantization_is_the_reference_rounded_to_bf16(isa):
+    w0, _ = _weights(48, 768, 4)
+    parts = super_blocks.quantize(w0)
+    w, sb = native.repack_super_blocks(*parts)
+    assert torch.equal(native.dequantize_super_blocks(w, sb, isa), super_blocks.dequantize(*parts).to(torch.bfloat16))
+
+
+@needs_kernel
+@pytest.mark.parametrize("m", [1, 5, 64, 130])
+def test_the_vector_path_equals_the_portable_one_and_rows_equal_rows_alone(m):
+    """The AVX2 kernel and the plain C++ one compute the same integer sums; floats differ only in the
+    order of the last additions. Rows of a batch (across the 64-row tiles) equal each row alone."""
+    w0, gen = _weights(32, 1536, 5)
+    w, sb = native.repack_super_blocks(*super_blocks.quantize(w0))
+    x = torch.randn(m, 1536, generator=gen)
+    fast = native.linear_super_blocks(x, w, sb, None, ISAS[0])
+    assert torch.allclose(fast, native.linear_super_blocks(x, w, sb, None, "scalar"), rtol=1e-5, atol=1e-5)
+    alone = torch.cat([native.linear_super_blocks(x[i:i + 1], w, sb, None, ISAS[0]) for i in range(m)])
+    assert torch.equal(fast, alone)
+
+
+@needs_kernel
+def test_the_prefill_path_dequantizes_and_runs_a_bf16_gemm():
+    w0, gen = _weights(64, 512, 6)
+    parts = super_blocks.quantize(w0)
+    w, sb = native.repack_super_blocks(*parts)
+    x = torch.randn(20, 512, generator=gen).to(torch.bfloat16)
+    got = native.linear_super_blocks(x, w, sb, dequant_min_rows=16)
+    want = torch.nn.functional.linear(x, super_blocks.dequantize(*parts).to(torch.bfloat16))
+    assert torch.equal(got, want)
+
+
+@needs_kernel
+def test_wrong_layouts_are_named():
+    w0, _ = _weights(32, 512, 7)
+    w, sb = native.repack_super_blocks(*super_blocks.quantize(w0))
+    with pytest.raises(RuntimeError, match="K=768"):
+        native.linear_super_blocks(torch.randn(1, 768), w, sb)
+    with pytest.raises(RuntimeError, match="sb must be"):
+        native.linear_super_blocks(torch.randn(1, 512), w, sb[:, :1].contiguous())
+    with pytest.raises(ValueError, match="K % 256"):
+        native.repack_super_blocks(torch.zeros(16, 288, dtype=torch.uint8), torch.zeros(16, 9), torch.zeros(16, 9),
+                                   torch.zeros(16, 1), torch.zeros(16, 1))
