@@ -16,6 +16,9 @@ Kernels (each on the same random 4-bit weights of each shape):
   ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
 - ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.native`), float zeros fused, one
   entry per instruction-set path this CPU runs (avx512vnni, avx2vnni, avx2);
+- ``omni_sb_avx2``: omni-quant's super-block kernel (:func:`omni_quant.native.linear_super_blocks`,
+  Q4_K's arrangement, 4.625 bits a weight) on the same float weight fitted to super-blocks, checked
+  against its own dequantized weight; where K is a multiple of 256;
 - ``zentorch``: AMD's ``zentorch_woq_linear`` (``zentorch`` 2.13.0.2, the pip-installable
   kernel library that matches torch 2.13; vLLM selects it on AMD Zen CPUs for GPTQ checkpoints,
   ``vllm/model_executor/kernels/linear/mixed_precision/zentorch.py``), integer zero point 8. Only
@@ -172,6 +175,15 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
                 continue  # the reference path, orders of magnitude slower: not a candidate
             out[f"omni_w4a8_{isa}"] = (lambda x, i, isa=isa: native.linear(x, om[i][0], om[i][1], g, None, isa),
                                       n * k // 2 + meta)
+    w_sb = None
+    if native.available() and n % 16 == 0 and k % native.SUPER_BLOCK == 0 and "avx2" in native.supported_isas():
+        from omni_quant import super_blocks
+
+        parts = super_blocks.quantize(w)
+        w_sb = super_blocks.dequantize(*parts)
+        sbs = [native.repack_super_blocks(*parts) for _ in range(copies)]
+        out["omni_sb_avx2"] = (lambda x, i: native.linear_super_blocks(x, sbs[i][0], sbs[i][1], None, "avx2"),
+                               n * k // 2 + n * (k // 32) * 2 + n * (k // 256) * 4)
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         wn = _wna16_layout(q32)
         sc = s.t().contiguous()
@@ -200,7 +212,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
     out["int8pack"] = (lambda x, i: torch.ops.aten._weight_int8pack_mm(x, *i8[i % len(i8)]), n * k + n * 2)
     bf = [w.to(torch.bfloat16) for _ in range(max(1, copies // 4))]
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
-    return out, (w, q, s, z)
+    return out, (w, q, s, z, w_sb)
 
 
 def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, str]]:
@@ -211,14 +223,15 @@ def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, s
 
     from omni_quant.quant_math import reference_linear, sqnr_db
 
-    w, q, s, z = weights
+    w, q, s, z, w_sb = weights
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     ref = {"ours": reference_linear(x, q, s, z), "sym8": reference_linear(x, q, s, torch.zeros_like(z)),
-           "float": x.float() @ w.T}
+           "float": x.float() @ w.T, "super_blocks": x.float() @ w_sb.T if w_sb is not None else None}
     passed, failed = {}, {}
     for name, (fn, _) in kernels.items():
         try:
-            kind = "sym8" if name in SYMMETRIC else "float" if name in ("bf16", "int8pack") else "ours"
+            kind = ("sym8" if name in SYMMETRIC else "float" if name in ("bf16", "int8pack")
+                    else "super_blocks" if name.startswith("omni_sb_") else "ours")
             db = sqnr_db(ref[kind], fn(x, 0))
         except Exception as exc:  # a kernel this CPU cannot run: named, not fatal
             failed[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -316,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
                 cursor = 0  # the omni_w4a8_<isa> entries share one set of copies: never reread a warm one
                 for name, (fn, nbytes) in kernels.items():
                     us = _median_us(lambda i, fn=fn, x=x, nc=n_copies: fn(x, i % nc), args.repeats, n_copies, cursor)
-                    if name.startswith("omni_w4a8_"):
+                    if name.startswith(("omni_w4a8_", "omni_sb_")):
                         cursor += args.repeats + 1
                     gbps = nbytes / (us * 1e-6) / GB
                     results.append({"model": model, "layer": layer, "n": n, "k": k, "group_size": g, "m": m,

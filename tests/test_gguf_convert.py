@@ -146,3 +146,75 @@ def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smoll
         logs.append(log.read_text())
     assert "converting" in logs[0] and "to cpu_int4 once" in logs[0]
     assert "is served from its cpu_int4 conversion" in logs[1] and "to cpu_int4 once" not in logs[1]
+
+
+def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
+    """A copy of the GGUF ``src`` at ``dst`` whose ``ffn_down`` tensors (K = 1536) are re-encoded as Q4_K
+    (fitted by omni_quant.super_blocks from their dequantized values, block bytes written as llama.cpp's
+    block_q4_K); returns the fields written per tensor name."""
+    import gguf
+    from test_super_blocks import _q4_k_bytes
+
+    from omni_quant import super_blocks
+
+    reader = gguf.GGUFReader(str(src))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    fields, data = {}, {}
+    for t in reader.tensors:
+        raw, kind = np.asarray(t.data), t.tensor_type
+        if t.name.endswith("ffn_down.weight"):
+            import torch
+
+            rows, cols = int(t.shape[1]), int(t.shape[0])
+            w = torch.from_numpy(np.array(gguf.dequantize(raw, kind), dtype=np.float32).reshape(rows, cols))
+            parts = [p.numpy() for p in super_blocks.quantize(w)]
+            fields[t.name] = parts
+            raw, kind = _q4_k_bytes(*parts).reshape(rows, -1), gguf.GGMLQuantizationType.Q4_K
+        data[t.name] = raw
+        writer.add_tensor_info(t.name, raw.shape, raw.dtype, raw.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(data[t.name])
+    writer.close()
+    return fields
+
+
+def test_q4_k_tensors_become_super_blocks_bit_for_bit(smollm2_gguf, tmp_path):
+    """A GGUF holding Q4_K (ffn_down, K = 1536) beside Q4_1 (the K = 576 layers): the Q4_K tensors are
+    stored in super-blocks with llama.cpp's codes, scales, mins, d and dmin unchanged, and dequantize as
+    the gguf package does; the Q4_1 ones stay per group (their exact form)."""
+    from gguf import GGMLQuantizationType, GGUFReader
+    from gguf import dequantize as gguf_dequantize
+    from safetensors.torch import load_file
+
+    from omni_quant import super_blocks
+    from omni_quant.gguf_convert import convert_gguf
+    from omni_quant.packing import unpack
+
+    q4k = tmp_path / "smollm2-q4k.gguf"
+    fields = _with_q4_k_ffn_down(smollm2_gguf, q4k)
+    reports = convert_gguf(q4k, tmp_path / "out")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc["format_version"] == 3
+    assert sorted(qc["super_block_modules"]) == sorted(f"model.layers.{i}.mlp.down_proj" for i in range(30))
+    actions = {r.name.split(" <- ")[0]: r.action for r in reports}
+    assert actions["model.layers.3.mlp.down_proj.weight"] == "repacked from Q4_K in super-blocks"
+    assert actions["model.layers.3.mlp.up_proj.weight"] == "repacked from Q4_1"
+    tensors = {}
+    for f in (tmp_path / "out").glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    m = "model.layers.3.mlp.down_proj"
+    got = (unpack(tensors[f"{m}.qweight"]), *(tensors[f"{m}.{n}"] for n in super_blocks.TENSORS[1:]))
+    for a, b in zip(got, fields["blk.3.ffn_down.weight"], strict=True):
+        assert np.array_equal(a.numpy(), b)
+    t = next(x for x in GGUFReader(str(q4k)).tensors if x.name == "blk.3.ffn_down.weight")
+    want = gguf_dequantize(np.asarray(t.data), GGMLQuantizationType.Q4_K).reshape(576, 1536)
+    assert np.allclose(super_blocks.dequantize(*got).numpy(), want, rtol=0, atol=1e-6 * np.abs(want).max())

@@ -132,16 +132,38 @@ int64_t quant_pieces(int64_t m, int64_t groups, int64_t group_size) {
   return 1;
 }
 
+// One allocation for a call's quantized activations (an allocator call each cost about 1.5 us at
+// decode, 5 per layer): int8 xq [M, K], then float xs and xf, int32 xsum [M, groups], and for the
+// super-block layout int16 bsum [M, K / 32], each 64-byte aligned.
+struct QuantBuffers {
+  at::Tensor storage;
+  int8_t* xq;
+  float* xs;
+  float* xf;
+  int32_t* xsum;
+  int16_t* bsum;
+
+  QuantBuffers(const at::Tensor& like, int64_t m, int64_t k, int64_t groups, bool sub_sums) {
+    auto up = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+    const int64_t a = up(m * k), b = up(m * groups * 4), bs = sub_sums ? up(m * (k / kSubBlock) * 2) : 0;
+    storage = at::empty({a + 3 * b + bs + 64}, like.options().dtype(at::kByte));
+    uint8_t* p = storage.data_ptr<uint8_t>();
+    p += (64 - reinterpret_cast<uintptr_t>(p) % 64) % 64;
+    xq = reinterpret_cast<int8_t*>(p);
+    xs = reinterpret_cast<float*>(p + a);
+    xf = reinterpret_cast<float*>(p + a + b);
+    xsum = reinterpret_cast<int32_t*>(p + a + 2 * b);
+    bsum = sub_sums ? reinterpret_cast<int16_t*>(p + a + 3 * b) : nullptr;
+  }
+};
+
 // The W4A8 kernel on x [M, K] into out [M, N] (contiguous rows of the caller's tensors); bias
 // float32 [N] or undefined.
 void native_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
                  const at::Tensor& b, const std::string& isa, at::Tensor out) {
   const int64_t m = x.size(0), k = x.size(1), n = out.size(1), groups = k / group_size;
   if (m == 0) return;
-  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m, groups}, x.options().dtype(at::kFloat));
-  at::Tensor xf = at::empty({m, groups}, x.options().dtype(at::kFloat));
-  at::Tensor xsum = at::empty({m, groups}, x.options().dtype(at::kInt));
+  QuantBuffers buf(x, m, k, groups, false);
 
   GemmFn gemm;
   QuantFn quant;
@@ -151,14 +173,14 @@ void native_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz,
   // (x, xq row-major; xs, xsum, xf [M, groups]): at decode (M = 1) a long row is split across the
   // threads instead of running on one while the others wait (down_proj, K = 8960: 280 groups).
   const int64_t pieces = quant_pieces(m, groups, group_size);
-  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), k / pieces, group_size, nullptr};
+  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, buf.xq, buf.xs, buf.xsum, buf.xf, k / pieces,
+               group_size, nullptr};
   at::parallel_for(0, m * pieces, pieces > 1 ? 1 : std::max<int64_t>(1, 65536 / k),
                    [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
 
-  Args a{w.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), xq.data_ptr<int8_t>(),
-         xs.data_ptr<float>(), xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-         out.data_ptr(), m, n, k, group_size, x.scalar_type() == at::kBFloat16 ? 1 : 0};
+  Args a{w.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(sz.data_ptr()), buf.xq, buf.xs, buf.xsum, buf.xf,
+         b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr(), m, n, k, group_size,
+         x.scalar_type() == at::kBFloat16 ? 1 : 0};
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
 }
 
@@ -258,6 +280,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
   switched_into(
       x, b, dequant_min_rows_of(dequant_rows, op), out,
       [&](int64_t r0, int64_t r1) {
+        if (r0 == 0 && r1 == m) return native_into(x, w, sz, group_size, b, isa, out);  // no narrow: decode's path
         native_into(x.narrow(0, r0, r1 - r0), w, sz, group_size, b, isa, out.narrow(0, r0, r1 - r0));
       },
       [&](at::Tensor scratch) { return dequantize_into(w, sz, group_size, isa, scratch); });
@@ -302,18 +325,13 @@ void native_sb_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
                     const std::string& isa, at::Tensor out) {
   const int64_t m = x.size(0), k = x.size(1), n = out.size(1), sbs = k / kSuperBlock;
   if (m == 0) return;
-  at::Tensor xq = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor xs = at::empty({m, sbs}, x.options().dtype(at::kFloat));
-  at::Tensor xf = at::empty({m, sbs}, x.options().dtype(at::kFloat));
-  at::Tensor xsum = at::empty({m, sbs}, x.options().dtype(at::kInt));
-  at::Tensor bsum = at::empty({m, k / kSubBlock}, x.options().dtype(at::kShort));
-  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-               xsum.data_ptr<int32_t>(), xf.data_ptr<float>(), kSuperBlock, kSuperBlock, bsum.data_ptr<int16_t>()};
+  QuantBuffers buf(x, m, k, sbs, true);
+  QuantArgs qa{x.data_ptr(), x.scalar_type() == at::kBFloat16 ? 1 : 0, buf.xq, buf.xs, buf.xsum, buf.xf, kSuperBlock,
+               kSuperBlock, buf.bsum};
   auto quant = sb_vector(isa) ? quantize_rows_avx2 : quantize_rows_scalar;
   at::parallel_for(0, m * sbs, kMinPieceElems / kSuperBlock, [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
-  SbArgs a{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), xq.data_ptr<int8_t>(), xs.data_ptr<float>(),
-           bsum.data_ptr<int16_t>(), b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr(), m, n, k,
-           x.scalar_type() == at::kBFloat16 ? 1 : 0};
+  SbArgs a{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), buf.xq, buf.xs, buf.bsum,
+           b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr(), m, n, k, x.scalar_type() == at::kBFloat16 ? 1 : 0};
   auto gemm = sb_vector(isa) ? gemm_sb_avx2 : gemm_sb_scalar;
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
 }
@@ -331,6 +349,7 @@ at::Tensor w4a8_linear_sb(const at::Tensor& x, const at::Tensor& w, const at::Te
   switched_into(
       x, b, dequant_min_rows_of(dequant_rows, op), out,
       [&](int64_t r0, int64_t r1) {
+        if (r0 == 0 && r1 == m) return native_sb_into(x, w, sb, b, isa, out);  // no narrow: decode's path
         native_sb_into(x.narrow(0, r0, r1 - r0), w, sb, b, isa, out.narrow(0, r0, r1 - r0));
       },
       [&](at::Tensor scratch) { return dequantize_sb_into(w, sb, isa, scratch); });
