@@ -223,7 +223,8 @@ def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, s
 
     from omni_quant.quant_math import reference_linear, sqnr_db
 
-    w, q, s, z, w_sb = weights
+    w, q, s, z, *rest = weights  # (w, q, s, z[, the super-block fit's dequantized weight or None])
+    w_sb = rest[0] if rest else None
     x = torch.randn(4, k, generator=torch.Generator().manual_seed(k)).to(torch.bfloat16)
     ref = {"ours": reference_linear(x, q, s, z), "sym8": reference_linear(x, q, s, torch.zeros_like(z)),
            "float": x.float() @ w.T, "super_blocks": x.float() @ w_sb.T if w_sb is not None else None}
