@@ -39,6 +39,11 @@ from omni_quant.quant_math import GROUP_SIZES, choose_group_size
 __all__ = ["QUANT_METHOD", "CpuInt4Config", "CpuInt4LinearMethod"]
 
 QUANT_METHOD = "cpu_int4"
+PER_GROUP_ISAS = ("avx512vnni", "avx2vnni")
+"""CPUs on which a super-block layer is rewritten per group of 32 at load (exact in float32, scales and
+zeros then rounded to bf16: 5.0 bits a weight resident instead of 4.625) for the per-group kernel, whose
+``vpdpbusd`` path was measured on them; no VNNI super-block kernel exists yet, and the AVX2 one was
+measured only on an AVX2 CPU without VNNI (docs/cpu_int4.md)."""
 logger = logging.getLogger("vllm.omni_quant")
 _logged: set[tuple] = set()
 
@@ -273,8 +278,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
         """Repack once into the layout of the kernel chosen for this layer; drop the on-disk tensors.
 
         Super-block layers run omni's super-block kernel where it is built and fits (N a multiple of
-        16); elsewhere they are rewritten per group of 32 (exactly, :func:`omni_quant.super_blocks.to_groups`)
-        for torch's int4 kernel.
+        16) and the CPU has no VNNI (:data:`PER_GROUP_ISAS`); elsewhere they are rewritten per group of 32
+        (:func:`omni_quant.super_blocks.to_groups`) for the per-group kernel or torch's int4 kernel.
 
         Raises:
             ValueError: from :func:`omni_quant.kernel_choice.choose` (an impossible override).
@@ -319,6 +324,12 @@ class CpuInt4LinearMethod(LinearMethodBase):
                  layer.super_mins.data)
         del layer.qweight, layer.sub_scales, layer.sub_mins, layer.super_scales, layer.super_mins
         n, k = parts[0].shape
+        if native.best_isa() in PER_GROUP_ISAS:
+            # a VNNI CPU: its per-group kernel, on the same weight rewritten per group of 32
+            layer.cpu_int4_super_blocks = False
+            codes, scales, zeros = super_blocks.to_groups(*parts)
+            self._process_groups(layer, codes, scales.to(torch.bfloat16), zeros.to(torch.bfloat16))
+            return
         repacked: list[tuple[torch.Tensor, torch.Tensor]] = []
 
         def measure() -> int:
