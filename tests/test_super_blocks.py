@@ -187,3 +187,45 @@ def test_wrong_layouts_are_named():
     with pytest.raises(ValueError, match="K % 256"):
         native.repack_super_blocks(torch.zeros(16, 288, dtype=torch.uint8), torch.zeros(16, 9), torch.zeros(16, 9),
                                    torch.zeros(16, 1), torch.zeros(16, 1))
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa, kernel_env, layout", [
+    ("avx2", None, "super_blocks"),           # an AVX2 CPU without VNNI: the super-block kernel
+    ("avx512vnni", None, "groups"),           # a VNNI CPU: rewritten per group of 32 for its measured kernel
+    ("avx2", "int4pack", "int4pack"),         # torch's int4 kernel (the fallback) on the same weight
+])
+def test_a_super_block_layer_loads_into_the_layout_chosen_for_this_cpu(monkeypatch, isa, kernel_env, layout):
+    """CpuInt4LinearMethod on a super-block layer (vLLM's parameters, the checkpoint's tensors copied in):
+    the layout follows the CPU (monkeypatched best_isa) and OMNI_INT4_KERNEL, and every layout computes the
+    same layer (SQNR >= 30 dB against x @ W.T on the dequantized weight)."""
+    from omni_quant.config import CpuInt4Config, CpuInt4LinearMethod
+    from omni_quant.packing import pack
+
+    monkeypatch.setattr(native, "best_isa", lambda: isa)
+    monkeypatch.setenv("OMNI_INT4_DEQUANT_MIN_ROWS", "0")
+    if kernel_env:
+        monkeypatch.setenv("OMNI_INT4_KERNEL", kernel_env)
+    else:
+        monkeypatch.delenv("OMNI_INT4_KERNEL", raising=False)
+    prefix = "model.layers.0.mlp.down_proj"
+    cfg = CpuInt4Config.from_config({"group_size": 32, "format_version": 3, "super_block_modules": [prefix]})
+    cfg.packed_modules_mapping = {}
+    method = CpuInt4LinearMethod(cfg, prefix)
+    layer = torch.nn.Module()
+    method.create_weights(layer, 512, [32], 512, 32, torch.bfloat16, weight_loader=lambda p, t: p.data.copy_(t))
+    w0, gen = _weights(32, 512, 8)
+    parts = super_blocks.quantize(w0)
+    for name, t in zip(super_blocks.TENSORS, (pack(parts[0]), *parts[1:]), strict=True):
+        getattr(layer, name).data.copy_(t)
+    method.process_weights_after_loading(layer)
+    assert not any(hasattr(layer, n) for n in super_blocks.TENSORS)  # the on-disk tensors are dropped
+    if layout == "super_blocks":
+        assert layer.cpu_int4_super_blocks and hasattr(layer, "w4a8_super_blocks")
+    elif layout == "groups":
+        assert not layer.cpu_int4_super_blocks and hasattr(layer, "w4a8_scales_zeros")
+    else:
+        assert layer.cpu_int4_kernel == "int4pack"
+    x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
+    y = method.apply(layer, x)
+    assert sqnr_db(x.float() @ super_blocks.dequantize(*parts).T, y.float()) >= 30.0

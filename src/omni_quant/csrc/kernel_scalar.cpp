@@ -42,6 +42,17 @@ static uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(i >> 16);
 }
 
+// y (+ bias) of output channel n of row r, float32 or bf16 (Args and SbArgs alike).
+template <class A>
+static void store_one(const A& a, int64_t r, int64_t n, float y) {
+  if (a.bias) y += a.bias[n];
+  if (a.out_bf16) {
+    static_cast<uint16_t*>(a.out)[r * a.n + n] = f32_to_bf16(y);
+  } else {
+    static_cast<float*>(a.out)[r * a.n + n] = y;
+  }
+}
+
 void gemm_scalar(const Args& a, int64_t b0, int64_t b1) {
   const int64_t k = a.k, g = a.group_size, groups = k / g;
   for (int64_t b = b0; b < b1; ++b) {
@@ -62,13 +73,7 @@ void gemm_scalar(const Args& a, int64_t b0, int64_t b1) {
           const float s = bf16_to_f32(szb[j * 32 + lane]), z = bf16_to_f32(szb[j * 32 + 16 + lane]);
           y += static_cast<float>(acc - 8 * a.xsum[rg]) * (s * a.xs[rg]) + z * a.xf[rg];
         }
-        const int64_t n = b * kBlockN + lane;
-        if (a.bias) y += a.bias[n];
-        if (a.out_bf16) {
-          static_cast<uint16_t*>(a.out)[r * a.n + n] = f32_to_bf16(y);
-        } else {
-          static_cast<float*>(a.out)[r * a.n + n] = y;
-        }
+        store_one(a, r, b * kBlockN + lane, y);
       }
     }
   }
@@ -151,13 +156,7 @@ void gemm_sb_scalar(const SbArgs& a, int64_t b0, int64_t b1) {
           __builtin_memcpy(&mh, p + 288 + 2 * lane, 2);
           y += a.xs[r * sbs + s] * (f16_to_f32(dh) * static_cast<float>(isum) - f16_to_f32(mh) * static_cast<float>(msum));
         }
-        const int64_t n = b * kBlockN + lane;
-        if (a.bias) y += a.bias[n];
-        if (a.out_bf16) {
-          static_cast<uint16_t*>(a.out)[r * a.n + n] = f32_to_bf16(y);
-        } else {
-          static_cast<float*>(a.out)[r * a.n + n] = y;
-        }
+        store_one(a, r, b * kBlockN + lane, y);
       }
     }
   }
