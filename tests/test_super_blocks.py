@@ -199,9 +199,14 @@ def test_a_super_block_layer_loads_into_the_layout_chosen_for_this_cpu(monkeypat
     """CpuInt4LinearMethod on a super-block layer (vLLM's parameters, the checkpoint's tensors copied in):
     the layout follows the CPU (monkeypatched best_isa) and OMNI_INT4_KERNEL, and every layout computes the
     same layer (SQNR >= 30 dB against x @ W.T on the dequantized weight)."""
+    import vllm.model_executor.parameter as vllm_parameter
+
     from omni_quant.config import CpuInt4Config, CpuInt4LinearMethod
     from omni_quant.packing import pack
 
+    # one worker, no engine: vLLM's parameters ask the tensor-parallel group for rank and size
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)
+    monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_world_size", lambda: 1)
     monkeypatch.setattr(native, "best_isa", lambda: isa)
     monkeypatch.setenv("OMNI_INT4_DEQUANT_MIN_ROWS", "0")
     if kernel_env:
