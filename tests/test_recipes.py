@@ -54,6 +54,8 @@ def test_unknown_recipe_and_8_bit_gptq_are_refused_and_nothing_is_written(tmp_pa
         convert(src, tmp_path / "dst", recipe="q5")
     with pytest.raises(ConversionError, match="--format gptq holds 4-bit layers only"):
         convert(src, tmp_path / "dst", fmt="gptq", recipe="q8")
+    with pytest.raises(ConversionError, match="super-blocks, which only --format cpu_int4 holds"):
+        convert(src, tmp_path / "dst", fmt="gptq", recipe="q4k")
     assert not (tmp_path / "dst").exists()
 
 

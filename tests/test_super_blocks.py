@@ -62,7 +62,8 @@ def test_a_positive_only_weight_and_a_zero_weight_come_back_closely():
 
 @pytest.mark.parametrize("bad, what", [
     (torch.randn(16, 288), "multiple of 256"),
-    (torch.full((16, 256), 1e9), "float16"),
+    (torch.full((16, 256), 1e9), "exceeds float16"),
+    (torch.randn(16, 256) * 3e-6, "too small for float16"),  # d would underflow: no silent garbage
 ])
 def test_bad_weights_are_refused_with_what_to_do(bad, what):
     with pytest.raises(ValueError, match=what):
@@ -234,3 +235,41 @@ def test_a_super_block_layer_loads_into_the_layout_chosen_for_this_cpu(monkeypat
     x = torch.randn(3, 512, generator=gen).to(torch.bfloat16)
     y = method.apply(layer, x)
     assert sqnr_db(x.float() @ super_blocks.dequantize(*parts).T, y.float()) >= 30.0
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_nan_activation_gives_nan_as_the_per_group_path_does(isa):
+    w0, gen = _weights(32, 512, 9)
+    w, sb = native.repack_super_blocks(*super_blocks.quantize(w0))
+    x = torch.randn(3, 512, generator=gen)
+    x[1, 5] = float("nan")
+    y = native.linear_super_blocks(x, w, sb, None, isa)
+    assert bool(torch.isnan(y[1]).all()) and bool(torch.isfinite(y[[0, 2]]).all())
+
+
+@pytest.mark.parametrize("field, value, what", [
+    (0, 16, "codes must be integers 0..15"),
+    (1, 64, "sub_scales must be integers 0..63"),
+    (2, -1, "sub_mins must be integers 0..63"),
+    (3, 1e6, "d must be finite in float16"),
+])
+def test_repack_refuses_values_out_of_range(field, value, what):
+    parts = list(super_blocks.quantize(_weights(16, 256, 10)[0]))
+    t = parts[field].to(torch.int64 if field < 3 else torch.float32).clone()
+    t.view(-1)[0] = value
+    parts[field] = t
+    with pytest.raises(ValueError, match=what):
+        native.repack_super_blocks(*parts)
+
+
+def test_from_q4_k_takes_bytes_and_refuses_other_dtypes():
+    rng = np.random.default_rng(1)
+    fields = (rng.integers(0, 16, (16, 256), dtype=np.uint8), rng.integers(0, 64, (16, 8), dtype=np.uint8),
+              rng.integers(0, 64, (16, 8), dtype=np.uint8), np.full((16, 1), 0.01, dtype=np.float16),
+              np.full((16, 1), 0.02, dtype=np.float16))
+    raw = _q4_k_bytes(*fields)
+    for a, b in zip(super_blocks.from_q4_k(raw.tobytes(), 16, 256), fields, strict=True):
+        assert np.array_equal(a, b)
+    with pytest.raises(TypeError, match="uint8"):
+        super_blocks.from_q4_k(raw.astype(np.float32), 16, 256)

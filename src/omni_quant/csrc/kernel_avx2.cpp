@@ -360,7 +360,10 @@ void quantize_rows_avx2(const QuantArgs& q, int64_t r0, int64_t r1) {
       _mm256_store_ps(lanes, _mm256_add_ps(vsum0, vsum1));
       float sum = 0.f;
       for (int l = 0; l < 8; ++l) sum += lanes[l];
-      const float scale = amax / 127.f;
+      float scale = amax / 127.f;
+      // max_ps drops NaN: the super-block layout has no float sum in its arithmetic to carry a NaN or inf
+      // into y (the per-group layout's xf does), so its scale does (0 * sum is 0 for finite sums)
+      if (q.bsum) scale += 0.f * sum;
       const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
       __m256i isum = _mm256_setzero_si256(), sub = _mm256_setzero_si256();
       int8_t* dst = q.xq + base;

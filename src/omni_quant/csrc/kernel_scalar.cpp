@@ -105,7 +105,8 @@ void quantize_rows_scalar(const QuantArgs& q, int64_t r0, int64_t r1) {
         amax = v > amax ? v : amax;
         sum += buf[i];
       }
-      const float scale = amax / 127.f;
+      float scale = amax / 127.f;
+      if (q.bsum) scale += 0.f * sum;  // a NaN or inf activation reaches y (as kernel_avx2.cpp)
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       int32_t isum = 0;
       int8_t* dst = q.xq + base;

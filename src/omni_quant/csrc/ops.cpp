@@ -301,7 +301,8 @@ void check_sb(const at::Tensor& w, const at::Tensor& sb, int64_t k) {
   TORCH_CHECK(sb.scalar_type() == at::kByte && sb.is_contiguous() && sb.dim() == 3 && sb.size(0) == w.size(0) &&
                   sb.size(1) == k / kSuperBlock && sb.size(2) == kSbBytes,
               "omni_quant: sb must be contiguous uint8 [N/16, K/256, ", kSbBytes, "] = [", w.size(0), ", ",
-              k / kSuperBlock, ", ", kSbBytes, "] (got ", sb.sizes(), ")");
+              k / kSuperBlock, ", ", kSbBytes, "] (got ", sb.scalar_type(), " ", sb.sizes(),
+              sb.is_contiguous() ? "" : ", not contiguous", ")");
 }
 
 at::Tensor dequantize_sb_into(const at::Tensor& w, const at::Tensor& sb, const std::string& isa, at::Tensor out) {

@@ -348,6 +348,8 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError(str(e)) from None
     if fmt == "gptq" and (chosen.body_bits, chosen.head_bits) != (4, 4):
         raise ConversionError(f"--recipe {recipe} keeps tensors at 8 bits; --format gptq holds 4-bit layers only")
+    if fmt == "gptq" and chosen.super_blocks:
+        raise ConversionError(f"--recipe {recipe} writes super-blocks, which only --format cpu_int4 holds")
     config = _read_config(src)
     names = _tensor_inventory(src, config)  # before anything is written
     plan = _plan(src, config, names, keep)

@@ -170,7 +170,8 @@ def repack_super_blocks(codes: torch.Tensor, sub_scales: torch.Tensor, sub_mins:
         ``2p, 2p+1`` side by side per channel ``m[p][l][2]`` (128), ``d[l]`` and ``dmin[l]`` fp16 (32 + 32).
 
     Raises:
-        ValueError: N is not a multiple of 16, K not of 256, or a tensor's shape does not match.
+        ValueError: N is not a multiple of 16, K not of 256, a tensor's shape does not match, a code or
+            six-bit integer is out of range, or ``d``/``dmin`` is not finite in float16.
     """
     n, k = codes.shape
     if n % BLOCK_N or k % SUPER_BLOCK:
@@ -181,6 +182,12 @@ def repack_super_blocks(codes: torch.Tensor, sub_scales: torch.Tensor, sub_mins:
         if tuple(t.shape) != (n, cols):
             raise ValueError(f"omni_quant.native.repack_super_blocks: {name} is {tuple(t.shape)}, "
                              f"expected ({n}, {cols})")
+    for name, t, hi in (("codes", codes, 15), ("sub_scales", sub_scales, 63), ("sub_mins", sub_mins, 63)):
+        if t.is_floating_point() or t.is_complex() or (t.numel() and not (0 <= int(t.min()) and int(t.max()) <= hi)):
+            raise ValueError(f"omni_quant.native.repack_super_blocks: {name} must be integers 0..{hi}")
+    for name, t in (("d", d), ("dmin", dmin)):
+        if not bool(torch.isfinite(t.to(torch.float16)).all()):
+            raise ValueError(f"omni_quant.native.repack_super_blocks: {name} must be finite in float16")
     w, _ = repack(codes, torch.zeros(n, 1), torch.zeros(n, 1))
     nb = n // BLOCK_N
     sc = sub_scales.to(torch.uint8).view(nb, BLOCK_N, sbs, 8).permute(0, 2, 3, 1)            # [nb, S, j, l]

@@ -25,7 +25,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from omni_quant.quant_math import dequantize as dequantize_groups
 from omni_quant.quant_math import quantize as quantize_groups
+from omni_quant.quant_math import sqnr_db
 
 __all__ = ["SUB_BLOCK", "SUPER_BLOCK", "TENSORS", "dequantize", "fits", "from_q4_k", "quantize", "to_groups"]
 
@@ -100,14 +102,15 @@ def quantize(w: torch.Tensor, importance: torch.Tensor | None = None, refine_ste
 
     Raises:
         ValueError: K is not a multiple of 256, ``w`` holds NaN or inf (from the per-group fit), or a
-            super-block's range does not fit float16 steps (magnitudes above about 6e7): keep the
-            tensor in bf16 or use the per-group scheme.
+            super-block's range does not fit float16 steps (magnitudes above about 4e6), or the weights
+            are so small that float16 steps cost more than 6 dB of SQNR against float32 constants: keep
+            the tensor in bf16 or use the per-group scheme.
     """
     if w.dim() != 2 or not fits(w.shape[1]):
         raise ValueError(f"super-blocks need a 2-D weight whose K is a multiple of {SUPER_BLOCK}, got {tuple(w.shape)}")
     n, k = w.shape
     sbs = k // SUPER_BLOCK
-    _, s0, z0 = quantize_groups(w, SUB_BLOCK, torch.float32, importance=importance)
+    q0, s0, z0 = quantize_groups(w, SUB_BLOCK, torch.float32, importance=importance)
     low = z0 - 8.0 * s0  # the value of code 0
     # a sub-block of positive weights only: its grid must start at 0 (the min is at least 0), so
     # it spans [0, max] instead of [min, max]
@@ -117,8 +120,9 @@ def quantize(w: torch.Tensor, importance: torch.Tensor | None = None, refine_ste
     d, sc = _six_bit(scale)
     dmin, mn = _six_bit(mins)
     if not (bool(torch.isfinite(d.float()).all()) and bool(torch.isfinite(dmin.float()).all())):
-        raise ValueError("a super-block's scale or min exceeds float16 (weights above about 6e7); "
-                         "keep this tensor in bf16 or use the per-group scheme")
+        raise ValueError("a super-block's scale or min exceeds float16 (weights above about 4e6); "
+                         "keep this tensor in bf16 or convert it per group (--recipe default)")
+
     wg = w.detach().float().view(n, sbs, 8, SUB_BLOCK)
     if importance is None:
         wt = torch.ones(1, 1, 8, SUB_BLOCK)
@@ -155,8 +159,16 @@ def quantize(w: torch.Tensor, importance: torch.Tensor | None = None, refine_ste
         d, dmin = torch.where(better, d_try, d), torch.where(better, dmin_try, dmin)
         q = torch.where(better[..., None, None], q_try, q)
         err = torch.where(better, err_try, err)
-    return (q.reshape(n, k).to(torch.uint8), sc.reshape(n, k // SUB_BLOCK).to(torch.uint8),
-            mn.reshape(n, k // SUB_BLOCK).to(torch.uint8), d, dmin)
+    out = (q.reshape(n, k).to(torch.uint8), sc.reshape(n, k // SUB_BLOCK).to(torch.uint8),
+           mn.reshape(n, k // SUB_BLOCK).to(torch.uint8), d, dmin)
+    # float16 steps underflow for tiny weights (a sub-block range below about 1e-3 loses precision, far
+    # below collapses): refuse a fit with subnormal steps far worse than the same sub-blocks with float32
+    # constants (a positive-only tensor may lose more than 6 dB legitimately: its mins are clamped to 0)
+    subnormal = any(bool(((t.float() > 0) & (t.float() < 2 ** -14)).any()) for t in (d, dmin))
+    if subnormal and sqnr_db(w, dequantize(*out)) < sqnr_db(w, dequantize_groups(q0, s0, z0, torch.float32)) - 6.0:
+        raise ValueError("the weights are too small for float16 super-block steps (sub-block ranges far below "
+                         "1e-3); keep this tensor in bf16 or convert it per group (--recipe default)")
+    return out
 
 
 def from_q4_k(raw: np.ndarray, rows: int, cols: int):
@@ -169,13 +181,19 @@ def from_q4_k(raw: np.ndarray, rows: int, cols: int):
 
     Raises:
         ValueError: K is not a multiple of 256, or the byte count does not match ``[rows, cols]``.
+        TypeError: ``raw`` is not bytes or uint8.
     """
     from omni_quant.gguf_blocks import scale_min_k4
 
-    if cols % SUPER_BLOCK:
-        raise ValueError(f"Q4_K: K={cols} is not a multiple of its block of {SUPER_BLOCK}")
+    if cols % SUPER_BLOCK or rows <= 0 or cols <= 0:
+        raise ValueError(f"Q4_K: [{rows}, {cols}] must be positive and K a multiple of its block of {SUPER_BLOCK}")
     nblocks = rows * cols // SUPER_BLOCK
-    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if isinstance(raw, (bytes, bytearray, memoryview)):
+        raw = np.frombuffer(raw, dtype=np.uint8)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise TypeError(f"Q4_K: expected the tensor's bytes (uint8), got {raw.dtype}")
+    raw = np.ascontiguousarray(raw).reshape(-1)
     if raw.size != nblocks * 144:
         raise ValueError(f"Q4_K [{rows}, {cols}] needs {nblocks * 144} bytes, the tensor has {raw.size}")
     b = raw.reshape(nblocks, 144)
