@@ -82,6 +82,11 @@ def test_the_loader_reads_widths_and_refuses_fused_members_of_different_widths()
         CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "bits_per_module": {"lm_head": 6}})
     with pytest.raises(ValueError, match=r"format_version 4, this omni-quant reads \(1, 2, 3\)"):
         CpuInt4Config.from_config({"group_size": 32, "format_version": 4})
+    with pytest.raises(ValueError, match="super_block_modules must be a list of module names"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 3, "super_block_modules": "lm_head"})
+    with pytest.raises(ValueError, match=r"\['lm_head'\] are both 8-bit"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 3, "super_block_modules": ["lm_head"],
+                                   "bits_per_module": {"lm_head": 8}})
     with pytest.raises(ValueError, match="super-block modules need format_version 3"):
         CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "super_block_modules": ["lm_head"]})
     cfg = CpuInt4Config.from_config({"group_size": 32, "format_version": 3,

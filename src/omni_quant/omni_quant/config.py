@@ -108,7 +108,14 @@ class CpuInt4Config(QuantizationConfig):
         if super_block_modules and format_version < 3:
             raise ValueError("cpu_int4: super-block modules need format_version 3; "
                              "the checkpoint's config is inconsistent")
-        self.super_block_modules = set(super_block_modules or [])
+        sbm = super_block_modules or []
+        if isinstance(sbm, str) or not all(isinstance(m, str) for m in sbm):
+            raise ValueError(f"cpu_int4: super_block_modules must be a list of module names, got {sbm!r}")
+        both = set(sbm) & {m for m, b in (bits_per_module or {}).items() if int(b) == 8}
+        if both:
+            raise ValueError(f"cpu_int4: {sorted(both)} are both 8-bit (bits_per_module) and in super-blocks; "
+                             "the checkpoint's config is inconsistent: re-convert it")
+        self.super_block_modules = set(sbm)
         self.group_size = group_size
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.group_size_per_module = dict(group_size_per_module or {})
