@@ -180,6 +180,21 @@ def test_the_vector_path_equals_the_portable_one_and_rows_equal_rows_alone(m):
 
 
 @needs_kernel
+@pytest.mark.skipif("avx512vnni" not in ISAS, reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 12, 15, 64, 77, 130])
+def test_the_avx512_kernel_equals_the_avx2_one_bit_for_bit(m):
+    """vpdpbusd and vpmulld give the AVX2 kernel's integer sums, and the float epilogue is in the same
+    order: equal outputs, on every row path (8-row steps, 4-row steps, 1-3 row tails, 64-row tiles)."""
+    w0, gen = _weights(48, 768, 8)
+    w, sb = native.repack_super_blocks(*super_blocks.quantize(w0))
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(m, 768, generator=gen).to(dtype)
+        b = torch.randn(48, generator=gen).to(dtype)
+        assert torch.equal(native.linear_super_blocks(x, w, sb, b, "avx512vnni"),
+                           native.linear_super_blocks(x, w, sb, b, "avx2"))
+
+
+@needs_kernel
 def test_the_prefill_path_dequantizes_and_runs_a_bf16_gemm():
     w0, gen = _weights(64, 512, 6)
     parts = super_blocks.quantize(w0)
@@ -205,8 +220,9 @@ def test_wrong_layouts_are_named():
 
 @needs_kernel
 @pytest.mark.parametrize("isa, kernel_env, layout", [
-    ("avx2", None, "super_blocks"),           # an AVX2 CPU without VNNI: the super-block kernel
-    ("avx512vnni", None, "groups"),           # a VNNI CPU: rewritten per group of 32 for its measured kernel
+    ("avx2", None, "super_blocks"),           # an AVX2 CPU without VNNI: the AVX2 super-block kernel
+    ("avx512vnni", None, "super_blocks"),     # AVX-512 VNNI: its own super-block kernel
+    ("avx2vnni", None, "groups"),             # AVX-VNNI: rewritten per group of 32 for its measured kernel
     ("avx2", "int4pack", "int4pack"),         # torch's int4 kernel (the fallback) on the same weight
 ])
 def test_a_super_block_layer_loads_into_the_layout_chosen_for_this_cpu(monkeypatch, isa, kernel_env, layout):

@@ -127,6 +127,109 @@ void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
   }
 }
 
+// ---- Super-block layout (w4a8.h, SbArgs) ---------------------------------------------------------
+//
+// The AVX2 kernel's algebra (kernel_avx2.cpp) with vpdpbusd: the int32 sum of each sub-block of 32
+// input channels (4 chunks) is multiplied by the sub-block's 6-bit scale (vpmulld) and added over
+// the 8 sub-blocks (at most 8 * 63 * 32 * 15 * 127 < 2^31), so float work happens once per 256
+// input channels: y += xs * (d * sum_j sc_j isum_j - dmin * sum_j m_j bsum_j). The integers are
+// the AVX2 kernel's and so is the float order: both give the same bits.
+namespace {
+
+template <int MR, int NA>
+void sb_block_rows(const SbArgs& a, int64_t b, int64_t r0, bool prefetch) {
+  static_assert(NA == 1 || NA == 2 || NA == 4, "one, two or four accumulators per row");
+  const int64_t k = a.k, sbs = k / kSuperBlock, subs = k / kSubBlock;
+  const uint8_t* wb = a.w + b * (k / 8) * 64;
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 facc[MR];
+  for (int r = 0; r < MR; ++r) facc[r] = _mm512_setzero_ps();
+  for (int64_t s = 0; s < sbs; ++s) {
+    const uint8_t* p = a.sb + (b * sbs + s) * kSbBytes;
+    const uint8_t* ws = wb + s * (kSuperBlock / 8) * 64;
+    const int8_t* xs0 = a.xq + r0 * k + s * kSuperBlock;
+    __m512i isum[MR];
+    for (int r = 0; r < MR; ++r) isum[r] = _mm512_setzero_si512();
+    for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+      const uint8_t* wj = ws + j * (kSubBlock / 8) * 64;
+      __m512i acc[MR][NA];
+      for (int r = 0; r < MR; ++r)
+        for (int i = 0; i < NA; ++i) acc[r][i] = _mm512_setzero_si512();
+      for (int c = 0; c < kSubBlock / 8; c += 2) {
+        if (prefetch) {
+          _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(wj + c * 64 + kPrefetchBytes + 64), _MM_HINT_T0);
+        }
+        __m512i v0 = _mm512_loadu_si512(wj + c * 64);
+        __m512i v1 = _mm512_loadu_si512(wj + c * 64 + 64);
+        __m512i lo0 = _mm512_and_si512(v0, low4), hi0 = _mm512_and_si512(_mm512_srli_epi16(v0, 4), low4);
+        __m512i lo1 = _mm512_and_si512(v1, low4), hi1 = _mm512_and_si512(_mm512_srli_epi16(v1, 4), low4);
+        for (int r = 0; r < MR; ++r) {
+          const int8_t* xr = xs0 + r * k + j * kSubBlock + c * 8;
+          acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], lo0, _mm512_set1_epi32(load4(xr)));
+          acc[r][1 % NA] = _mm512_dpbusd_epi32(acc[r][1 % NA], hi0, _mm512_set1_epi32(load4(xr + 4)));
+          acc[r][2 % NA] = _mm512_dpbusd_epi32(acc[r][2 % NA], lo1, _mm512_set1_epi32(load4(xr + 8)));
+          acc[r][3 % NA] = _mm512_dpbusd_epi32(acc[r][3 % NA], hi1, _mm512_set1_epi32(load4(xr + 12)));
+        }
+      }
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j * kBlockN)));
+      for (int r = 0; r < MR; ++r) {
+        __m512i sum = acc[r][0];
+        for (int i = 1; i < NA; ++i) sum = _mm512_add_epi32(sum, acc[r][i]);
+        isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(sum, sc));
+      }
+    }
+    // the mins: m of sub-blocks 2q and 2q + 1 in the int16 pair of each channel, times the pair of bsums
+    __m512i mn[4];
+    for (int q = 0; q < 4; ++q)
+      mn[q] = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + q * 32)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256)));
+    const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 288)));
+    for (int r = 0; r < MR; ++r) {
+      const int16_t* bs = a.bsum + (r0 + r) * subs + s * 8;
+      __m512i ms = _mm512_setzero_si512();
+      for (int q = 0; q < 4; ++q) {
+        int32_t pair;
+        __builtin_memcpy(&pair, bs + 2 * q, 4);
+        ms = _mm512_add_epi32(ms, _mm512_madd_epi16(mn[q], _mm512_set1_epi32(pair)));
+      }
+      const __m512 t = _mm512_fmsub_ps(d, _mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(ms)));
+      facc[r] = _mm512_fmadd_ps(t, _mm512_set1_ps(a.xs[(r0 + r) * sbs + s]), facc[r]);
+    }
+  }
+  const int64_t n0 = b * kBlockN;
+  __m512 bias = a.bias ? _mm512_loadu_ps(a.bias + n0) : _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    __m512 y = _mm512_add_ps(facc[r], bias);
+    const int64_t off = (r0 + r) * a.n + n0;
+    if (a.out_bf16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(a.out) + off), f32x16_to_bf16(y));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(a.out) + off, y);
+    }
+  }
+}
+
+}  // namespace
+
+void gemm_sb_avx512vnni(const SbArgs& a, int64_t b0, int64_t b1) {
+  const bool prefetch = a.m <= kPrefetchMaxRows;
+  for (int64_t t0 = 0; t0 < a.m; t0 += kRowTile) {
+    const int64_t t1 = t0 + kRowTile < a.m ? t0 + kRowTile : a.m;
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t r = t0;
+      for (; r + 8 <= t1; r += 8) sb_block_rows<8, 1>(a, b, r, prefetch);
+      for (; r + 4 <= t1; r += 4) sb_block_rows<4, 2>(a, b, r, prefetch);
+      switch (t1 - r) {
+        case 3: sb_block_rows<3, 4>(a, b, r, prefetch); break;
+        case 2: sb_block_rows<2, 4>(a, b, r, prefetch); break;
+        case 1: sb_block_rows<1, 4>(a, b, r, prefetch); break;
+        default: break;
+      }
+    }
+  }
+}
+
 // AVX-512 dequantization (replaces the plain loop on AVX-512 CPUs): per 64-byte chunk,
 // unpacklo/hi_epi32(lo, hi) puts lane l's 8 codes (4 low nibbles, then 4 high) next to each
 // other; 16 of them at a time become floats, (q - 8) * s + z, and two rows' 8 bf16 each.

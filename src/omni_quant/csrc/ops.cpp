@@ -289,8 +289,14 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 
 // ---- The super-block layout (w4a8.h, SbArgs) ------------------------------------------------------
 
-// Its kernels: the AVX2 one on every AVX2 CPU (AVX-VNNI and AVX-512 ones included), else plain C++.
+// Its kernels: the AVX-512 VNNI one where asked for, the AVX2 one on every other AVX2 CPU (AVX-VNNI
+// ones included), else plain C++. Quantization and dequantization: the AVX2 code on every AVX2 CPU.
 bool sb_vector(const std::string& isa) { return isa != "scalar"; }
+using SbGemmFn = void (*)(const SbArgs&, int64_t, int64_t);
+SbGemmFn sb_gemm(const std::string& isa) {
+  if (isa == "avx512vnni") return gemm_sb_avx512vnni;
+  return sb_vector(isa) ? gemm_sb_avx2 : gemm_sb_scalar;
+}
 
 void check_sb(const at::Tensor& w, const at::Tensor& sb, int64_t k) {
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
@@ -333,7 +339,7 @@ void native_sb_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   at::parallel_for(0, m * sbs, kMinPieceElems / kSuperBlock, [&](int64_t r0, int64_t r1) { quant(qa, r0, r1); });
   SbArgs a{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), buf.xq, buf.xs, buf.bsum,
            b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr(), m, n, k, x.scalar_type() == at::kBFloat16 ? 1 : 0};
-  auto gemm = sb_vector(isa) ? gemm_sb_avx2 : gemm_sb_scalar;
+  const SbGemmFn gemm = sb_gemm(isa);
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
 }
 

@@ -98,6 +98,7 @@ void dequantize_avx2(const DequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_scalar(const DequantArgs& d, int64_t b0, int64_t b1);
 
 // Super-block layout: GEMM of output blocks [b0, b1), and dequantization to bf16.
+void gemm_sb_avx512vnni(const SbArgs& a, int64_t b0, int64_t b1);
 void gemm_sb_avx2(const SbArgs& a, int64_t b0, int64_t b1);
 void gemm_sb_scalar(const SbArgs& a, int64_t b0, int64_t b1);
 void dequantize_sb_avx2(const SbDequantArgs& d, int64_t b0, int64_t b1);

@@ -39,11 +39,12 @@ from omni_quant.quant_math import GROUP_SIZES, choose_group_size
 __all__ = ["QUANT_METHOD", "CpuInt4Config", "CpuInt4LinearMethod"]
 
 QUANT_METHOD = "cpu_int4"
-PER_GROUP_ISAS = ("avx512vnni", "avx2vnni")
+PER_GROUP_ISAS = ("avx2vnni",)
 """CPUs on which a super-block layer is rewritten per group of 32 at load (exact in float32, scales and
-zeros then rounded to bf16: 5.0 bits a weight resident instead of 4.625) for the per-group kernel, whose
-``vpdpbusd`` path was measured on them; no VNNI super-block kernel exists yet, and the AVX2 one was
-measured only on an AVX2 CPU without VNNI (docs/cpu_int4.md)."""
+zeros then rounded to bf16: 5.0 bits a weight resident instead of 4.625) for the per-group kernel:
+AVX-VNNI (256-bit) CPUs, whose ``vpdpbusd`` per-group path was measured and for which no super-block
+kernel is written. AVX2 CPUs without VNNI and AVX-512 VNNI CPUs run a super-block kernel of their own
+(docs/cpu_int4.md)."""
 logger = logging.getLogger("vllm.omni_quant")
 _logged: set[tuple] = set()
 
@@ -285,7 +286,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         """Repack once into the layout of the kernel chosen for this layer; drop the on-disk tensors.
 
         Super-block layers run omni's super-block kernel where it is built and fits (N a multiple of
-        16) and the CPU has no VNNI (:data:`PER_GROUP_ISAS`); elsewhere they are rewritten per group of 32
+        16) and the CPU is not in :data:`PER_GROUP_ISAS`; elsewhere they are rewritten per group of 32
         (:func:`omni_quant.super_blocks.to_groups`) for the per-group kernel or torch's int4 kernel.
 
         Raises:
@@ -332,7 +333,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         del layer.qweight, layer.sub_scales, layer.sub_mins, layer.super_scales, layer.super_mins
         n, k = parts[0].shape
         if native.best_isa() in PER_GROUP_ISAS:
-            # a VNNI CPU: its per-group kernel, on the same weight rewritten per group of 32
+            # an AVX-VNNI CPU: its per-group kernel, on the same weight rewritten per group of 32
             layer.cpu_int4_super_blocks = False
             codes, scales, zeros = super_blocks.to_groups(*parts)
             self._process_groups(layer, codes, scales.to(torch.bfloat16), zeros.to(torch.bfloat16))

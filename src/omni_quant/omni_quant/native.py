@@ -57,13 +57,13 @@ BLOCK_N = 16
 SUPER_BLOCK = 256
 """Input channels of a super-block (the super-block layout: 8 sub-blocks of 32)."""
 SB_BYTES = 320
-KERNEL_REVISION = 6
+KERNEL_REVISION = 7
 """Bumped when the compiled kernels change speed or results: part of the key of cached
 measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
 int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
 quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
 accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows.
-6: the super-block layout (:func:`linear_super_blocks`)."""
+6: the super-block layout (:func:`linear_super_blocks`). 7: its AVX-512 VNNI kernel."""
 
 
 def available() -> bool:
@@ -206,8 +206,9 @@ def linear_super_blocks(x: torch.Tensor, w: torch.Tensor, sb: torch.Tensor, bias
     (``max|x| / 127``, llama.cpp's Q8_K) and the int sums ``bsum_j`` of each sub-block of 32; then per
     super-block ``y += xs * (d * sum_j sc_j * sum_{k in j} q xq  -  dmin * sum_j m_j * bsum_j)``, all in
     integers but the last step (llama.cpp's Q4_K x Q8_K dot product, ``ggml-cpu/arch/x86/quants.c``).
-    AVX2 (``vpmaddubsw``, sub-block scales applied by the widening ``vpmaddwd``) on every AVX2 CPU,
-    plain C++ elsewhere or with ``isa="scalar"``.
+    AVX-512 VNNI (``vpdpbusd``, sub-block scales applied by ``vpmulld``) where the CPU has it, AVX2
+    (``vpmaddubsw``, sub-block scales applied by the widening ``vpmaddwd``) on every other AVX2 CPU,
+    plain C++ elsewhere or with ``isa="scalar"``. The two vector kernels give the same bits.
 
     Args:
         x: ``[..., K]``; bf16 and float32 as they are, other floating dtypes through float32.
