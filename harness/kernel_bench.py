@@ -16,9 +16,10 @@ Kernels (each on the same random 4-bit weights of each shape):
   ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
 - ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.native`), float zeros fused, one
   entry per instruction-set path this CPU runs (avx512vnni, avx2vnni, avx2);
-- ``omni_sb_avx2``: omni-quant's super-block kernel (:func:`omni_quant.native.linear_super_blocks`,
+- ``omni_sb_<isa>``: omni-quant's super-block kernel (:func:`omni_quant.native.linear_super_blocks`,
   Q4_K's arrangement, 4.625 bits a weight) on the same float weight fitted to super-blocks, checked
-  against its own dequantized weight; where K is a multiple of 256;
+  against its own dequantized weight, one entry per path this CPU runs (avx512vnni, avx2); where K
+  is a multiple of 256;
 - ``zentorch``: AMD's ``zentorch_woq_linear`` (``zentorch`` 2.13.0.2, the pip-installable
   kernel library that matches torch 2.13; vLLM selects it on AMD Zen CPUs for GPTQ checkpoints,
   ``vllm/model_executor/kernels/linear/mixed_precision/zentorch.py``), integer zero point 8. Only
@@ -182,8 +183,11 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
         parts = super_blocks.quantize(w)
         w_sb = super_blocks.dequantize(*parts)
         sbs = [native.repack_super_blocks(*parts) for _ in range(copies)]
-        out["omni_sb_avx2"] = (lambda x, i: native.linear_super_blocks(x, sbs[i][0], sbs[i][1], None, "avx2"),
-                               n * k // 2 + n * (k // 32) * 2 + n * (k // 256) * 4)
+        for isa in ("avx512vnni", "avx2"):
+            if isa in native.supported_isas():
+                out[f"omni_sb_{isa}"] = (
+                    lambda x, i, isa=isa: native.linear_super_blocks(x, sbs[i][0], sbs[i][1], None, isa),
+                    n * k // 2 + n * (k // 32) * 2 + n * (k // 256) * 4)
     if hasattr(torch.ops._C, "cpu_gemm_wna16"):
         wn = _wna16_layout(q32)
         sc = s.t().contiguous()
