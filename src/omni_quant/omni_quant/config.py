@@ -29,7 +29,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
-from omni_quant import native, super_blocks
+from omni_quant import huge_pages, native, super_blocks
 from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
 from omni_quant.linear_int8 import CpuInt8LinearMethod
 from omni_quant.ops import cpu_int4_linear
@@ -317,15 +317,15 @@ class CpuInt4LinearMethod(LinearMethodBase):
         layer.cpu_int4_kernel = choice.kernel
         if choice.kernel == "native":
             w, sz = repacked[0] if repacked else native.repack(codes, scales, zeros)
-            layer.w4a8_weight = torch.nn.Parameter(w, requires_grad=False)
-            layer.w4a8_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
+            layer.w4a8_weight = torch.nn.Parameter(huge_pages.place(w), requires_grad=False)
+            layer.w4a8_scales_zeros = torch.nn.Parameter(huge_pages.place(sz), requires_grad=False)
             layer.register_buffer(  # a tensor the kernel reads at run time, not a constant of the graph
                 "cpu_int4_dequant_rows", torch.tensor(choice.dequant_min_rows, dtype=torch.int64), persistent=False)
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
             sz = torch.stack([scales.t(), zeros.t()], dim=-1).contiguous()
-            layer.int4_weight = torch.nn.Parameter(packed, requires_grad=False)
-            layer.int4_scales_zeros = torch.nn.Parameter(sz, requires_grad=False)
+            layer.int4_weight = torch.nn.Parameter(huge_pages.place(packed), requires_grad=False)
+            layer.int4_scales_zeros = torch.nn.Parameter(huge_pages.place(sz), requires_grad=False)
 
     def _process_super_blocks(self, layer: torch.nn.Module) -> None:
         parts = (unpack(layer.qweight.data), layer.sub_scales.data, layer.sub_mins.data, layer.super_scales.data,
@@ -356,8 +356,8 @@ class CpuInt4LinearMethod(LinearMethodBase):
             return
         layer.cpu_int4_kernel = "native"
         w, sb = repacked[0] if repacked else native.repack_super_blocks(*parts)
-        layer.w4a8_weight = torch.nn.Parameter(w, requires_grad=False)
-        layer.w4a8_super_blocks = torch.nn.Parameter(sb, requires_grad=False)
+        layer.w4a8_weight = torch.nn.Parameter(huge_pages.place(w), requires_grad=False)
+        layer.w4a8_super_blocks = torch.nn.Parameter(huge_pages.place(sb), requires_grad=False)
         layer.register_buffer(
             "cpu_int4_dequant_rows", torch.tensor(choice.dequant_min_rows, dtype=torch.int64), persistent=False)
 

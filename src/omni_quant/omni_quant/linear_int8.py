@@ -13,6 +13,7 @@ import torch
 from vllm.model_executor.layers.linear import LinearMethodBase, register_weight_loader_v2_supported_method
 from vllm.model_executor.parameter import ChannelQuantScaleParameter, ModelWeightParameter
 
+from omni_quant import huge_pages
 from omni_quant.ops import cpu_int8_linear
 
 __all__ = ["CpuInt8LinearMethod"]
@@ -46,7 +47,7 @@ class CpuInt8LinearMethod(LinearMethodBase):
         if (n, k) not in _logged:
             _logged.add((n, k))
             logger.info("omni-quant: cpu_int4 [%d x %d] 8-bit weight-only: torch _weight_int8pack_mm", n, k)
-        layer.qweight8 = torch.nn.Parameter(layer.qweight8.data.contiguous(), requires_grad=False)
+        layer.qweight8 = torch.nn.Parameter(huge_pages.place(layer.qweight8.data.contiguous()), requires_grad=False)
         layer.scales8 = torch.nn.Parameter(layer.scales8.data.contiguous(), requires_grad=False)
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

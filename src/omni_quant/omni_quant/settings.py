@@ -17,5 +17,10 @@ SETTINGS = (
         "cpu_int4 with the native kernel: from this many rows (tokens in a step) on, dequantize "
         "the layer to bf16 for the step and use torch's bf16 GEMM; 0 never. Unset: measured per "
         "layer shape at load on this CPU and cached (omni_quant.kernel_choice)."),
+    envs.bool_setting(
+        "OMNI_INT4_HUGE_PAGES", True,
+        "cpu_int4: copy the repacked weights into memory marked for transparent huge pages "
+        "(omni_quant.huge_pages; decode reads them with 512x fewer TLB entries); 0 leaves them "
+        "where torch allocated them."),
 )
 envs.register(SETTINGS)
