@@ -280,4 +280,72 @@ void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1) {
   }
 }
 
+// Super-block layout -> bf16 rows (the prefill path's dequantization), AVX-512: per sub-block the
+// 4 chunks' dwords are transposed (unpack epi32 / epi64) so that each 128-bit lane holds one output
+// channel's 16 bytes, whose nibbles, interleaved by dword, are the channel's 32 codes in column
+// order. w = (d sc_j) * q - (dmin m_j): each product in float32, mul then sub, rounded to nearest
+// even: the same bits as dequant_sb_rows.inc.
+namespace {
+
+template <int L>
+inline void sb_store_lane(__m512i codes, float s, float mn, uint16_t* dst) {
+  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, L)));
+  const __m512 w = _mm512_sub_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(mn));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), f32x16_to_bf16(w));
+}
+
+// Rows 4L + R (L = 0..3) of one sub-block: u holds their 16 bytes, one 128-bit lane each.
+template <int R>
+inline void sb_dequant_rows(__m512i u, const float* s, const float* mn, uint16_t* out0, int64_t k) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  const __m512i lo = _mm512_and_si512(u, low4), hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), low4);
+  const __m512i a = _mm512_unpacklo_epi32(lo, hi), b = _mm512_unpackhi_epi32(lo, hi);  // columns 0-15, 16-31
+  sb_store_lane<0>(a, s[R], mn[R], out0 + R * k);
+  sb_store_lane<0>(b, s[R], mn[R], out0 + R * k + 16);
+  sb_store_lane<1>(a, s[4 + R], mn[4 + R], out0 + (4 + R) * k);
+  sb_store_lane<1>(b, s[4 + R], mn[4 + R], out0 + (4 + R) * k + 16);
+  sb_store_lane<2>(a, s[8 + R], mn[8 + R], out0 + (8 + R) * k);
+  sb_store_lane<2>(b, s[8 + R], mn[8 + R], out0 + (8 + R) * k + 16);
+  sb_store_lane<3>(a, s[12 + R], mn[12 + R], out0 + (12 + R) * k);
+  sb_store_lane<3>(b, s[12 + R], mn[12 + R], out0 + (12 + R) * k + 16);
+}
+
+}  // namespace
+
+void dequantize_sb_avx512(const SbDequantArgs& d, int64_t b0, int64_t b1) {
+  const int64_t k = d.k, sbs = k / kSuperBlock;
+  alignas(64) float s[8][kBlockN], mn[8][kBlockN];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = d.w + b * (k / 8) * 64;
+    for (int64_t sbi = 0; sbi < sbs; ++sbi) {
+      const uint8_t* p = d.sb + (b * sbs + sbi) * kSbBytes;
+      const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256)));
+      const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 288)));
+      for (int j = 0; j < 8; ++j) {
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + j * kBlockN))));
+        _mm512_store_ps(s[j], _mm512_mul_ps(dd, sc));
+      }
+      for (int q = 0; q < 4; ++q) {  // m of sub-blocks 2q, 2q + 1: even and odd bytes of 32
+        const __m512i pair = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + q * 32)));
+        const __m512 m0 = _mm512_cvtepi32_ps(_mm512_and_si512(pair, _mm512_set1_epi32(0xFFFF)));
+        const __m512 m1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(pair, 16));
+        _mm512_store_ps(mn[2 * q], _mm512_mul_ps(dm, m0));
+        _mm512_store_ps(mn[2 * q + 1], _mm512_mul_ps(dm, m1));
+      }
+      for (int j = 0; j < 8; ++j) {
+        const uint8_t* src = wb + (sbi * (kSuperBlock / 8) + j * 4) * 64;
+        const __m512i v0 = _mm512_loadu_si512(src), v1 = _mm512_loadu_si512(src + 64);
+        const __m512i v2 = _mm512_loadu_si512(src + 128), v3 = _mm512_loadu_si512(src + 192);
+        const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1);
+        const __m512i t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
+        uint16_t* out0 = d.out + b * kBlockN * k + sbi * kSuperBlock + j * kSubBlock;
+        sb_dequant_rows<0>(_mm512_unpacklo_epi64(t0, t2), s[j], mn[j], out0, k);
+        sb_dequant_rows<1>(_mm512_unpackhi_epi64(t0, t2), s[j], mn[j], out0, k);
+        sb_dequant_rows<2>(_mm512_unpacklo_epi64(t1, t3), s[j], mn[j], out0, k);
+        sb_dequant_rows<3>(_mm512_unpackhi_epi64(t1, t3), s[j], mn[j], out0, k);
+      }
+    }
+  }
+}
+
 }  // namespace omni_w4a8

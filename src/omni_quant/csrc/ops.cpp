@@ -290,7 +290,7 @@ at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tenso
 // ---- The super-block layout (w4a8.h, SbArgs) ------------------------------------------------------
 
 // Its kernels: the AVX-512 VNNI one where asked for, the AVX2 one on every other AVX2 CPU (AVX-VNNI
-// ones included), else plain C++. Quantization and dequantization: the AVX2 code on every AVX2 CPU.
+// ones included), else plain C++; dequantization likewise. Activations: the AVX2 quantizer on every AVX2 CPU.
 bool sb_vector(const std::string& isa) { return isa != "scalar"; }
 using SbGemmFn = void (*)(const SbArgs&, int64_t, int64_t);
 SbGemmFn sb_gemm(const std::string& isa) {
@@ -314,7 +314,7 @@ void check_sb(const at::Tensor& w, const at::Tensor& sb, int64_t k) {
 at::Tensor dequantize_sb_into(const at::Tensor& w, const at::Tensor& sb, const std::string& isa, at::Tensor out) {
   SbDequantArgs d{w.data_ptr<uint8_t>(), sb.data_ptr<uint8_t>(), reinterpret_cast<uint16_t*>(out.data_ptr()),
                   w.size(1) * 8};
-  auto fn = sb_vector(isa) ? dequantize_sb_avx2 : dequantize_sb_scalar;
+  auto fn = isa == "avx512vnni" ? dequantize_sb_avx512 : sb_vector(isa) ? dequantize_sb_avx2 : dequantize_sb_scalar;
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { fn(d, b0, b1); });
   return out;
 }

@@ -101,6 +101,7 @@ void dequantize_scalar(const DequantArgs& d, int64_t b0, int64_t b1);
 void gemm_sb_avx512vnni(const SbArgs& a, int64_t b0, int64_t b1);
 void gemm_sb_avx2(const SbArgs& a, int64_t b0, int64_t b1);
 void gemm_sb_scalar(const SbArgs& a, int64_t b0, int64_t b1);
+void dequantize_sb_avx512(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_avx2(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_scalar(const SbDequantArgs& d, int64_t b0, int64_t b1);
 
