@@ -119,6 +119,16 @@ def test_float_zero_points_are_exact_inside_the_kernel():
     assert sqnr_db(reference_linear(x, q, s, z), native.linear(x, w, sz, 32)) >= 38.0
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("g", [16, 32, 48, 64, 128])
+def test_every_dequantization_path_is_bit_exact(isa, g):
+    """Each ISA's dequantization (AVX-512: 32 input channels a step where the group allows, else a chunk
+    at a time) equals the reference rounded to bf16, for group sizes that are and are not multiples of 32."""
+    q, s, z, _ = _layer(48, 384, g, 11)
+    w, sz = native.repack(q, s, z)
+    assert torch.equal(native.dequantize(w, sz, g, isa), dequantize(q, s, z, torch.bfloat16))
+
+
 def test_dequantize_is_bit_exact_and_the_prefill_path_is_a_bf16_gemm_on_it():
     q, s, z, gen = _layer(48, 256, 64, 5)
     w, sz = native.repack(q, s, z)

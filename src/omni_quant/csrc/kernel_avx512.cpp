@@ -238,7 +238,7 @@ static inline __m512 halves(float a, float b) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(a)), _mm256_castps_pd(_mm256_set1_ps(b)), 1));
 }
 
-void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1) {
+static void dequantize_avx512_by_chunk(const DequantArgs& d, int64_t b0, int64_t b1) {
   const int64_t k = d.k, g = d.group_size, groups = k / g, chunks = g / 8;
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512 eight = _mm512_set1_ps(8.f);
@@ -287,27 +287,48 @@ void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1) {
 // even: the same bits as dequant_sb_rows.inc.
 namespace {
 
-template <int L>
-inline void sb_store_lane(__m512i codes, float s, float mn, uint16_t* dst) {
-  const __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, L)));
-  const __m512 w = _mm512_sub_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(mn));
+// 16 codes (128-bit lane L of `codes`) -> 16 bf16 at dst. G (per-group layout): w = (q - 8) * s + c;
+// else (super-blocks): w = q * s - c. Mul, then add or sub: the plain loops' float operations.
+template <int L, bool G>
+inline void sb_store_lane(__m512i codes, float s, float c, uint16_t* dst) {
+  __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes, L)));
+  __m512 w;
+  if constexpr (G) {
+    q = _mm512_sub_ps(q, _mm512_set1_ps(8.f));
+    w = _mm512_add_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(c));
+  } else {
+    w = _mm512_sub_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(c));
+  }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), f32x16_to_bf16(w));
 }
 
-// Rows 4L + R (L = 0..3) of one sub-block: u holds their 16 bytes, one 128-bit lane each.
-template <int R>
+// Rows 4L + R (L = 0..3) of 32 input channels (4 chunks): u holds their 16 bytes, one 128-bit lane each.
+template <int R, bool G = false>
 inline void sb_dequant_rows(__m512i u, const float* s, const float* mn, uint16_t* out0, int64_t k) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   const __m512i lo = _mm512_and_si512(u, low4), hi = _mm512_and_si512(_mm512_srli_epi16(u, 4), low4);
   const __m512i a = _mm512_unpacklo_epi32(lo, hi), b = _mm512_unpackhi_epi32(lo, hi);  // columns 0-15, 16-31
-  sb_store_lane<0>(a, s[R], mn[R], out0 + R * k);
-  sb_store_lane<0>(b, s[R], mn[R], out0 + R * k + 16);
-  sb_store_lane<1>(a, s[4 + R], mn[4 + R], out0 + (4 + R) * k);
-  sb_store_lane<1>(b, s[4 + R], mn[4 + R], out0 + (4 + R) * k + 16);
-  sb_store_lane<2>(a, s[8 + R], mn[8 + R], out0 + (8 + R) * k);
-  sb_store_lane<2>(b, s[8 + R], mn[8 + R], out0 + (8 + R) * k + 16);
-  sb_store_lane<3>(a, s[12 + R], mn[12 + R], out0 + (12 + R) * k);
-  sb_store_lane<3>(b, s[12 + R], mn[12 + R], out0 + (12 + R) * k + 16);
+  sb_store_lane<0, G>(a, s[R], mn[R], out0 + R * k);
+  sb_store_lane<0, G>(b, s[R], mn[R], out0 + R * k + 16);
+  sb_store_lane<1, G>(a, s[4 + R], mn[4 + R], out0 + (4 + R) * k);
+  sb_store_lane<1, G>(b, s[4 + R], mn[4 + R], out0 + (4 + R) * k + 16);
+  sb_store_lane<2, G>(a, s[8 + R], mn[8 + R], out0 + (8 + R) * k);
+  sb_store_lane<2, G>(b, s[8 + R], mn[8 + R], out0 + (8 + R) * k + 16);
+  sb_store_lane<3, G>(a, s[12 + R], mn[12 + R], out0 + (12 + R) * k);
+  sb_store_lane<3, G>(b, s[12 + R], mn[12 + R], out0 + (12 + R) * k + 16);
+}
+
+// 4 chunks (32 input channels of the block's 16 output channels) -> their bf16 at out0 (row stride k).
+template <bool G>
+inline void dequant_32(const uint8_t* src, const float* s, const float* c, uint16_t* out0, int64_t k) {
+  const __m512i v0 = _mm512_loadu_si512(src), v1 = _mm512_loadu_si512(src + 64);
+  const __m512i v2 = _mm512_loadu_si512(src + 128), v3 = _mm512_loadu_si512(src + 192);
+  const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1);
+  const __m512i t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
+  sb_dequant_rows<0, G>(_mm512_unpacklo_epi64(t0, t2), s, c, out0, k);
+  sb_dequant_rows<1, G>(_mm512_unpackhi_epi64(t0, t2), s, c, out0, k);
+  sb_dequant_rows<2, G>(_mm512_unpacklo_epi64(t1, t3), s, c, out0, k);
+  sb_dequant_rows<3, G>(_mm512_unpackhi_epi64(t1, t3), s, c, out0, k);
 }
 
 }  // namespace
@@ -334,16 +355,26 @@ void dequantize_sb_avx512(const SbDequantArgs& d, int64_t b0, int64_t b1) {
       }
       for (int j = 0; j < 8; ++j) {
         const uint8_t* src = wb + (sbi * (kSuperBlock / 8) + j * 4) * 64;
-        const __m512i v0 = _mm512_loadu_si512(src), v1 = _mm512_loadu_si512(src + 64);
-        const __m512i v2 = _mm512_loadu_si512(src + 128), v3 = _mm512_loadu_si512(src + 192);
-        const __m512i t0 = _mm512_unpacklo_epi32(v0, v1), t1 = _mm512_unpackhi_epi32(v0, v1);
-        const __m512i t2 = _mm512_unpacklo_epi32(v2, v3), t3 = _mm512_unpackhi_epi32(v2, v3);
-        uint16_t* out0 = d.out + b * kBlockN * k + sbi * kSuperBlock + j * kSubBlock;
-        sb_dequant_rows<0>(_mm512_unpacklo_epi64(t0, t2), s[j], mn[j], out0, k);
-        sb_dequant_rows<1>(_mm512_unpackhi_epi64(t0, t2), s[j], mn[j], out0, k);
-        sb_dequant_rows<2>(_mm512_unpacklo_epi64(t1, t3), s[j], mn[j], out0, k);
-        sb_dequant_rows<3>(_mm512_unpackhi_epi64(t1, t3), s[j], mn[j], out0, k);
+        dequant_32<false>(src, s[j], mn[j], d.out + b * kBlockN * k + sbi * kSuperBlock + j * kSubBlock, k);
       }
+    }
+  }
+}
+
+// The per-group layout -> bf16 rows: groups of a multiple of 32 input channels through the transposed
+// 4-chunk path above (w = (q - 8) * s + z, the same bits as the plain loop); others chunk by chunk.
+void dequantize_avx512(const DequantArgs& d, int64_t b0, int64_t b1) {
+  const int64_t k = d.k, g = d.group_size, groups = k / g;
+  if (g % 32 != 0) return dequantize_avx512_by_chunk(d, b0, b1);
+  alignas(64) float s[kBlockN], z[kBlockN];
+  for (int64_t b = b0; b < b1; ++b) {
+    const uint8_t* wb = d.w + b * (k / 8) * 64;
+    const uint16_t* szb = d.sz + b * groups * 32;
+    for (int64_t j = 0; j < groups; ++j) {
+      _mm512_store_ps(s, bf16x16_to_f32(szb + j * 32));
+      _mm512_store_ps(z, bf16x16_to_f32(szb + j * 32 + 16));
+      for (int64_t c = 0; c < g / 8; c += 4)
+        dequant_32<true>(wb + (j * (g / 8) + c) * 64, s, z, d.out + b * kBlockN * k + j * g + c * 8, k);
     }
   }
 }

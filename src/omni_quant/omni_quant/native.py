@@ -63,7 +63,8 @@ measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AV
 int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
 quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
 accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows.
-6: the super-block layout (:func:`linear_super_blocks`). 7: its AVX-512 VNNI kernel."""
+6: the super-block layout (:func:`linear_super_blocks`). 7: its AVX-512 VNNI kernel; AVX-512
+dequantization 32 input channels a step (both layouts)."""
 
 
 def available() -> bool:
