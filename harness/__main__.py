@@ -2,7 +2,8 @@
 
 Commands: ``bench`` (harness.bench_harness), ``results`` (harness.results), ``models``
 (harness.models), ``fidelity`` (harness.fidelity), ``ledger`` (harness.memory_ledger),
-``profile`` (harness.profile_step), ``kernels`` (harness.kernel_bench), ``demo`` (harness.demo), ``bpw`` (harness.bpw),
+``profile`` (harness.profile_step), ``kernels`` (harness.kernel_bench), ``pages``
+(harness.page_bench), ``demo`` (harness.demo), ``bpw`` (harness.bpw),
 and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``, ``run-openvino``.
 """
 
@@ -19,6 +20,7 @@ COMMANDS = {
     "ledger": "harness.memory_ledger",
     "profile": "harness.profile_step",
     "kernels": "harness.kernel_bench",
+    "pages": "harness.page_bench",
     "demo": "harness.demo",
     "bpw": "harness.bpw",
     "run-vllm": "harness.run_vllm",
