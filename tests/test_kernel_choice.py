@@ -104,3 +104,21 @@ def test_measurement_returns_a_calibration_row_count_or_zero():
     rows = kernel_choice.measure_dequant_min_rows(
         lambda x, r: native.linear(x, w, sz, 64, dequant_min_rows=r), 512, rows=(16, 256))
     assert rows in (0, 16, 256)
+
+
+def test_the_calibration_pairs_neighbouring_calls_so_a_hiccup_does_not_decide(monkeypatch):
+    """ABBA order after one untimed call of each; a native call slowed tenfold (another process on a
+    shared host) changes one pair's ratio, not the median."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(kernel_choice.time, "perf_counter", lambda: clock[0])
+
+    def path(name, seconds):
+        def run():
+            calls.append(name)
+            slow = 10.0 if name == "native" and calls.count("native") == 3 else 1.0
+            clock[0] += seconds * slow
+        return run
+
+    ratio = kernel_choice._paired_ratio(path("native", 1.0), path("dequant", 0.8), pairs=5)
+    assert ratio == pytest.approx(0.8)
+    assert calls == ["native", "dequant"] + ["native", "dequant", "dequant", "native"] * 2 + ["native", "dequant"]

@@ -6,7 +6,7 @@ Decode (a few rows) is memory-bound: omni's W4A8 kernel (:mod:`omni_quant.native
 AVX512-BF16, dequantizing the layer to bf16 for the step and calling torch's bf16 GEMM beats the
 integer kernel from some row count on; on an AVX2-only CPU it may never. So the row count from
 which a layer takes the dequantize path is measured here, per layer shape, on the CPU that runs
-it (the two paths on the layer's own weights, rows 16..512, median of 3 calls each), and cached
+it (the two paths on the layer's own weights, rows 16..512, alternating, median of paired ratios), and cached
 in ``$VLLM_CACHE_ROOT/omni/kernel_choice.json`` keyed by CPU model, flags, torch version, thread
 count and shape. Both paths share one resident layout; the dequantize path only borrows a bf16
 scratch buffer the size of the largest such layer.
@@ -66,7 +66,7 @@ def _cpu_key() -> str:
     except OSError:
         pass
     return (f"{model}|{','.join(native.supported_isas())}|kernel r{native.KERNEL_REVISION}|torch {torch.__version__}"
-            f"|threads {torch.get_num_threads()}")
+            f"|threads {torch.get_num_threads()}|calibration {CALIBRATION}")
 
 
 def _cache_path() -> Path:
@@ -98,19 +98,46 @@ def _store_cache(path: Path, key: str, rows: int) -> None:
         logger.debug("omni-quant: kernel choice cache not written (%s)", exc)
 
 
-def _median_s(fn, repeats: int = 3) -> float:
+CALIBRATION = 2
+"""Part of the cache key: bumped when the measurement changes (2: paired, interleaved calls), so a
+row count measured the old way is measured again."""
+PAIRS = 5
+"""Timed calls of each path per row count, alternating (native, dequantize, dequantize, native, ...)."""
+
+
+def _time_s(fn) -> float:
+    t = time.perf_counter()
     fn()
-    samples = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t)
-    return statistics.median(samples)
+    return time.perf_counter() - t
+
+
+def _paired_ratio(native_fn, dequant_fn, pairs: int = PAIRS) -> float:
+    """Median over ``pairs`` neighbouring calls of (dequantize path time) / (native time).
+
+    The two paths alternate in ABBA order after one untimed call of each, so a slower stretch of
+    a shared host (another process, a frequency change) lands on both sides of a pair instead of
+    deciding the comparison. The median of 3 separate calls per path, which this replaced, once
+    sent Qwen2.5-Coder-1.5B's gate_up_proj to the bf16 path at 512 rows on an AVX-512 CPU whose
+    native kernel is the faster one there: docs/cpu_int4.md, "Prefill", gives that run's artifacts.
+    """
+    native_fn()
+    dequant_fn()
+    ratios = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            t_native = _time_s(native_fn)
+            t_dequant = _time_s(dequant_fn)
+        else:
+            t_dequant = _time_s(dequant_fn)
+            t_native = _time_s(native_fn)
+        ratios.append(t_dequant / t_native)
+    return statistics.median(ratios)
 
 
 def measure_dequant_min_rows(run, k: int, rows: tuple[int, ...] = CALIBRATION_ROWS) -> int:
     """Smallest row count in ``rows`` at which dequantize + bf16 GEMM takes at most
-    ``WIN_MARGIN`` of the native kernel's time on these weights (seconds, median of 3); 0 if none.
+    ``WIN_MARGIN`` of the native kernel's time on these weights (median of :data:`PAIRS` paired
+    ratios, :func:`_paired_ratio`); 0 if none.
 
     The largest row count is measured first: the dequantization is a fixed cost per call and both
     GEMMs grow with the rows, so a path that loses there loses at every smaller count, and a CPU
@@ -128,9 +155,7 @@ def measure_dequant_min_rows(run, k: int, rows: tuple[int, ...] = CALIBRATION_RO
 
     def dequant_wins(m: int) -> bool:
         x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
-        t_native = _median_s(lambda: run(x, 0))
-        t_dequant = _median_s(lambda: run(x, 1))
-        return t_dequant <= WIN_MARGIN * t_native
+        return _paired_ratio(lambda: run(x, 0), lambda: run(x, 1)) <= WIN_MARGIN
 
     if not rows or not dequant_wins(rows[-1]):
         return 0
