@@ -2,8 +2,9 @@
 
 Decode reads every weight once per token. With 4 KiB pages that is one TLB entry per 4 KiB
 of weights (about 230,000 a token for Qwen2.5-Coder-1.5B) and the hardware prefetchers stop
-at every 4 KiB boundary; with 2 MiB pages, 512 times fewer. ``harness/specs/huge_pages.json``
-measures the two on a real model (its artifact and figures: docs/cpu_int4.md).
+at every 4 KiB boundary; with 2 MiB pages, 512 times fewer. ``python -m harness pages`` (one decode
+step's GEMVs, A/B interleaved) and ``harness/specs/huge_pages.json`` (the engine, end to end) measure
+the two; docs/cpu_int4.md gives their artifacts and figures.
 
 Most distributions set ``/sys/kernel/mm/transparent_hugepage/enabled`` to ``madvise``: only
 memory marked with ``madvise(MADV_HUGEPAGE)`` gets huge pages, and torch marks none unless
