@@ -30,7 +30,7 @@ LAYERS = {"qwen2.5-coder-1.5b": 28, "smollm2-135m": 30}
 """Decoder layers per model (config.json's num_hidden_layers)."""
 
 
-def step_weights(model: str, seed: int = 0) -> list[tuple[int, "torch.Tensor", "torch.Tensor"]]:  # noqa: F821
+def step_weights(model: str, seed: int = 0) -> list[tuple[int, torch.Tensor, torch.Tensor]]:  # noqa: F821
     """``[(K, w, sb)]``: one decode step's linears in the super-block layout, in the order a step runs
     them (``w`` uint8 ``[N/16, K/8, 16, 4]``, ``sb`` uint8 ``[N/16, K/256, 320]``, random contents).
 
@@ -39,9 +39,9 @@ def step_weights(model: str, seed: int = 0) -> list[tuple[int, "torch.Tensor", "
         ValueError: a shape's K is no multiple of 256 (the model has no super-block layout).
     """
     import torch
-    from omni_quant import native
 
     from harness.kernel_bench import SHAPES
+    from omni_quant import native
 
     gen = torch.Generator().manual_seed(seed)
     layer = [s for s in SHAPES[model] if s[0] != "lm_head"]
@@ -64,7 +64,7 @@ def _step_ms(weights, xs) -> float:
     from omni_quant import native
 
     t = time.perf_counter()
-    for (_, w, sb), x in zip(weights, xs):
+    for (_, w, sb), x in zip(weights, xs, strict=True):
         native.linear_super_blocks(x, w, sb)
     return (time.perf_counter() - t) * 1e3
 
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
-    from omni_quant import huge_pages, native
 
     from harness.provenance import collect_cpu, collect_versions, cpu_speed_probe_s
+    from omni_quant import huge_pages, native
 
     if not native.available():
         print(f"the omni W4A8 kernel is not built ({native.unavailable_reason()})", file=sys.stderr)
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in pair:
             samples[name].append(_step_ms(arms[name], xs))
             order.append(name)
-    ratios = [h / p for h, p in zip(samples["huge_pages"], samples["4k_pages"])]
+    ratios = [h / p for h, p in zip(samples["huge_pages"], samples["4k_pages"], strict=True)]
     summary = {
         name: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v),
                "gbps_at_median": weight_bytes / (statistics.median(v) * 1e-3) / 1e9}

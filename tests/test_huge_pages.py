@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from omni_quant import huge_pages
 
 

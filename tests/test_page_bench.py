@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from omni_quant import native
 
 from harness import kernel_bench, page_bench
+from omni_quant import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the omni W4A8 kernel is not built")
 

@@ -27,6 +27,7 @@ import threading
 from pathlib import Path
 
 import torch
+
 from omni_platform import envs
 
 __all__ = ["ARENA_BYTES", "HUGE_PAGE_BYTES", "MIN_BYTES", "place", "thp_mode"]
@@ -95,8 +96,8 @@ def place(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of ``t`` (same shape and dtype) in THP-marked memory, or ``t`` itself.
 
     ``t`` itself when ``OMNI_INT4_HUGE_PAGES=0``, when it is smaller than :data:`MIN_BYTES` or not on
-    the CPU, or when the kernel has no transparent huge pages (``thp_mode()`` is ``never`` or ``absent``). The copy lives as long as
-    any tensor that views it. Not differentiable (weights only).
+    the CPU, or when the kernel has no transparent huge pages (``thp_mode()`` is ``never`` or
+    ``absent``). The copy lives as long as any tensor that views it. Not differentiable (weights only).
     """
     global _logged
     if not envs.OMNI_INT4_HUGE_PAGES:
