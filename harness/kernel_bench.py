@@ -36,18 +36,22 @@ as ``sqnr_db``; the kernels with an integer zero point against ``(q - 8) * s``):
 or falls below ``MIN_SQNR_DB`` is not timed, and the artifact's ``failed`` names it with the reason
 (zentorch on a CPU without AVX512-BF16 returns NaN).
 
-Time is the median of ``--repeats`` calls, microseconds. At M <= 16 every call reads a
-different copy of the weights, enough copies to fill ``ROTATION_BYTES`` (1 GiB, at least two copies
-and at least twice the last-level cache of ``/sys/devices/system/cpu/cpu0/cache``), so decode is
-timed from memory, not from cache, as in a real decode step, which streams the whole model. Twice the
-cache that sysfs shows is not enough: a virtual machine may show 32 MiB while its two vCPUs sit on two
-chiplets with more L3 between them; with one copy of the 117 MB head reread, a 2-core AMD EPYC VM
-measured 52 GB/s against a 30-40 GB/s streaming read, and 25 GB/s with two copies alternating.
-``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time;
-``pct_ceiling`` divides it by the machine's read bandwidth, measured in the same run
-(``torch.sum`` of float32 over ``ROTATION_BYTES``, same threads) before every
-shape: on a shared machine it moves by a third between minutes, so the artifact keeps every
-sample and divides by the highest. The artifact records
+Time is the median of ``--repeats`` rounds, microseconds; in each round every kernel runs once, in
+turn (:func:`interleaved_us`), so that all of them sample the same stretches of a shared host. At
+M <= 16 every call reads a different copy of the weights, enough copies to fill ``ROTATION_BYTES``
+(1 GiB, at least two copies and at least twice the last-level cache of
+``/sys/devices/system/cpu/cpu0/cache``), so decode is timed from memory, not from cache, as in a real
+decode step, which streams the whole model. Twice the cache that sysfs shows is not enough: a virtual
+machine may show 32 MiB while its two vCPUs sit on two chiplets with more L3 between them; with one
+copy of the 117 MB head reread, a 2-core AMD EPYC VM measured 52 GB/s against a 30-40 GB/s streaming
+read, and 25 GB/s with two copies alternating.
+
+``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time. The ceiling is
+the machine's read bandwidth (``torch.sum`` of float32 over ``ROTATION_BYTES``, same threads),
+sampled once before every shape and, at M <= 16, once in every round: on a shared machine it moves
+by half between seconds (29 to 55 GB/s within one run). ``pct_paired_read`` (M <= 16) is the median
+over rounds of the kernel's GB/s over the read's GB/s in the same round, the figure to quote;
+``pct_ceiling`` divides by the highest read sample of the whole run (a lower bound). The artifact records
 the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
 AVX-VNNI, AVX2).
 """
@@ -99,16 +103,24 @@ def read_bandwidth_gbps(buffer_bytes: int, repeats: int = 5) -> float:
     """Best-of ``repeats`` read bandwidth of ``torch.sum`` over ``buffer_bytes`` of float32, GB/s.
 
     float32: torch's integer sums are not vectorized (int32 read at about 2 GB/s here)."""
+    read = streaming_read(buffer_bytes)
+    return max(read() for _ in range(repeats))
+
+
+def streaming_read(buffer_bytes: int) -> Callable[[], float]:
+    """A call that reads ``buffer_bytes`` of float32 once with ``torch.sum`` and returns GB/s (the
+    kernels' ceiling, sampled in the same rounds as they are)."""
     import torch
 
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)
     buf.sum()
-    best = float("inf")
-    for _ in range(repeats):
+
+    def read() -> float:
         t = time.perf_counter()
         buf.sum()
-        best = min(best, time.perf_counter() - t)
-    return buffer_bytes / best / GB
+        return buffer_bytes / (time.perf_counter() - t) / GB
+
+    return read
 
 
 def rotation_copies(one: int, llc: int, budget: int) -> int:
@@ -119,17 +131,32 @@ def rotation_copies(one: int, llc: int, budget: int) -> int:
     return max(2, min(want, budget // max(one, 1)))
 
 
-def _median_us(fn: Callable[[int], Any], repeats: int, copies: int, start: int = 0) -> float:
-    """Median microseconds of ``repeats`` calls on copies ``start + 1 ..`` (after a warm-up call on
-    ``start``). Callers advance ``start`` between kernels that share copies (omni's kernel per
-    instruction set), so that no measurement reads a copy the previous one left in the cache."""
-    fn(start % copies)
-    samples = []
-    for i in range(repeats):
-        t = time.perf_counter()
-        fn((start + i + 1) % copies)
-        samples.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(samples)
+def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies: int,
+                   read: Callable[[], float] | None = None) -> tuple[dict[str, list[float]], list[float]]:
+    """Time every kernel once a round, ``rounds`` rounds, after one warm-up call each:
+    ``({name: [microseconds per round]}, [read GB/s per round])``.
+
+    The kernels alternate inside each round (and ``read()``, a streaming read returning GB/s, runs
+    once a round before them) so that every kernel, and the ceiling, samples the same stretches of a
+    shared host: timed one after the other, a kernel timed while a neighbour loaded the memory
+    bus lost to one timed a second later by more than the kernels differ (the same reason as
+    ``harness pages``' ABBA order). Call ``c`` of the whole run reads copy ``c % copies``: kernels
+    that share one set of copies never reread one that another just left warm."""
+    samples: dict[str, list[float]] = {name: [] for name in kernels}
+    reads: list[float] = []
+    call = 0
+    for fn in kernels.values():
+        fn(call % copies)
+        call += 1
+    for _ in range(rounds):
+        if read is not None:
+            reads.append(read())
+        for name, fn in kernels.items():
+            t = time.perf_counter()
+            fn(call % copies)
+            samples[name].append((time.perf_counter() - t) * 1e6)
+            call += 1
+    return samples, reads
 
 
 SYMMETRIC = {"w4a8_kernel", "wna16", "zentorch"}
@@ -271,8 +298,14 @@ def _wna16_layout(q32):
     return packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
 
 
+def _cell(row: dict) -> str:
+    """``GB/s (percent)``: of the read in the same rounds where measured, else of the run's ceiling."""
+    pct = row.get("pct_paired_read")
+    return f"{row['gbps']:.1f} ({row['pct_ceiling'] if pct is None else pct:.0f}%)"
+
+
 def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...] = (16, 64, 512)) -> str:
-    """Markdown of a kernel-matrix artifact: GB/s and % of the run's read ceiling per kernel at
+    """Markdown of a kernel-matrix artifact: GB/s and % of the read (paired, else the run's ceiling) per kernel at
     ``rows``, then milliseconds at ``ms_rows``, one line per model and layer (what the docs quote)."""
     res = artifact["results"]
     kernels = list(dict.fromkeys(r["kernel"] for r in res))
@@ -285,8 +318,7 @@ def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...]
     for m in rows:
         out += ["", f"| model | layer (M={m}) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
         for model, layer in layers:
-            cells = [f"{at[model, layer, m, k]['gbps']:.1f} ({at[model, layer, m, k]['pct_ceiling']:.0f}%)"
-                     if (model, layer, m, k) in at else "-" for k in kernels]
+            cells = [_cell(at[model, layer, m, k]) if (model, layer, m, k) in at else "-" for k in kernels]
             out.append(f"| {model} | {layer} | " + " | ".join(cells) + " |")
     for m in ms_rows:
         out += ["", f"| model | layer (M={m}, ms) | " + " | ".join(kernels) + " |", "|---|---|" + "---|" * len(kernels)]
@@ -341,20 +373,27 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append({"model": model, "layer": layer, "n": n, "k": k, "kernel": name, "reason": why})
                 print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} {name}: not timed, {why}", flush=True)
                 del kernels[name]
+            read = streaming_read(max(ROTATION_BYTES, 4 * llc))
             for m in rows:
                 x = torch.randn(m, k, dtype=torch.bfloat16)
-                n_copies = copies if m <= MEMORY_BOUND_ROWS else 1
-                cursor = 0  # the omni_w4a8_<isa> entries share one set of copies: never reread a warm one
-                for name, (fn, nbytes) in kernels.items():
-                    us = _median_us(lambda i, fn=fn, x=x, nc=n_copies: fn(x, i % nc), args.repeats, n_copies, cursor)
-                    if name.startswith(("omni_w4a8_", "omni_sb_")):
-                        cursor += args.repeats + 1
+                memory_bound = m <= MEMORY_BOUND_ROWS
+                n_copies = copies if memory_bound else 1
+                calls = {name: (lambda i, fn=fn, x=x, nc=n_copies: fn(x, i % nc)) for name, (fn, _) in kernels.items()}
+                per_round, reads = interleaved_us(calls, args.repeats, n_copies, read if memory_bound else None)
+                samples.extend(reads)
+                for name, (_, nbytes) in kernels.items():
+                    us = statistics.median(per_round[name])
                     gbps = nbytes / (us * 1e-6) / GB
+                    paired = (statistics.median(nbytes / (u * 1e-6) / GB / r for u, r in zip(per_round[name], reads,
+                                                                                              strict=True))
+                              if reads else None)
                     results.append({"model": model, "layer": layer, "n": n, "k": k, "group_size": g, "m": m,
-                                    "kernel": name, "us": us, "gbps": gbps, "pct_ceiling": 100 * gbps / ceiling,
+                                    "kernel": name, "us": us, "gbps": gbps, "pct_ceiling": None,
+                                    "pct_paired_read": None if paired is None else 100 * paired,
                                     "weight_bytes": nbytes, "copies": n_copies, "sqnr_db": sqnr[name]})
                     print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
-                          f"{gbps:6.1f} GB/s {100 * gbps / ceiling:5.1f}%", flush=True)
+                          f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
+                          flush=True)
             del kernels
     ceiling = max(samples)
     for row in results:  # against the highest read bandwidth of the whole run

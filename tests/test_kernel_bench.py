@@ -59,3 +59,17 @@ def test_decode_rows_rotate_through_a_gigabyte_of_copies_never_one():
     n = kernel_bench.rotation_copies(small, 32 << 20, 1536 << 20)
     assert n * small >= kernel_bench.ROTATION_BYTES and (n - 1) * small < kernel_bench.ROTATION_BYTES
     assert kernel_bench.rotation_copies(small, 1 << 31, 8 << 30) * small >= 2 << 31  # twice a larger cache
+
+
+def test_kernels_alternate_within_rounds_and_never_share_a_copy_in_a_row():
+    """interleaved_us runs each kernel once a round, after the round's read, in a fixed order; call c of
+    the run gets copy c % copies, so two kernels on one set of copies never read the same copy in a row."""
+    log = []
+    calls = {name: (lambda i, name=name: log.append((name, i))) for name in ("a", "b", "c")}
+    read = lambda: log.append(("read", -1)) or 30.0  # noqa: E731
+    per_round, reads = kernel_bench.interleaved_us(calls, rounds=4, copies=5, read=read)
+    assert [len(v) for v in per_round.values()] == [4, 4, 4] and reads == [30.0] * 4
+    assert [n for n, _ in log] == ["a", "b", "c"] + ["read", "a", "b", "c"] * 4
+    copies = [i for n, i in log if n != "read"]
+    assert copies == [c % 5 for c in range(15)]
+    assert all(x != y for x, y in zip(copies[:-1], copies[1:], strict=True))
