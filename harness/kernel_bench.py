@@ -39,7 +39,7 @@ or falls below ``MIN_SQNR_DB`` is not timed, and the artifact's ``failed`` names
 Time is the median of ``--repeats`` rounds, microseconds; in each round every kernel runs once, in
 turn (:func:`interleaved_us`), so that all of them sample the same stretches of a shared host. At
 M <= 16 every call reads a different copy of the weights, enough copies to fill ``ROTATION_BYTES``
-(1 GiB, at least two copies and at least twice the last-level cache of
+(512 MiB, at least two copies and at least twice the last-level cache of
 ``/sys/devices/system/cpu/cpu0/cache``), so decode is timed from memory, not from cache, as in a real
 decode step, which streams the whole model. Twice the cache that sysfs shows is not enough: a virtual
 machine may show 32 MiB while its two vCPUs sit on two chiplets with more L3 between them; with one
@@ -80,7 +80,7 @@ SHAPES: dict[str, list[tuple[str, int, int, int]]] = {
                            ("lm_head", 151936, 1536, 128)],
 }
 MEMORY_BOUND_ROWS = 16
-ROTATION_BYTES = 1 << 30  # weight copies rotated per kernel at decode rows, and the read-bandwidth buffer
+ROTATION_BYTES = 512 << 20  # weight copies rotated per kernel at decode rows, and the read-bandwidth buffer
 MIN_SQNR_DB = 30.0  # int8 activation rounding costs a few dB below the ~40 dB of bf16 activations
 GB = 1e9
 
@@ -311,6 +311,8 @@ def table(artifact: dict, rows: tuple[int, ...] = (1,), ms_rows: tuple[int, ...]
     kernels = list(dict.fromkeys(r["kernel"] for r in res))
     layers = list(dict.fromkeys((r["model"], r["layer"]) for r in res))
     at = {(r["model"], r["layer"], r["m"], r["kernel"]): r for r in res}
+    measured = {r["m"] for r in res}
+    rows, ms_rows = tuple(m for m in rows if m in measured), tuple(m for m in ms_rows if m in measured)
     out = [f"read ceiling {artifact['read_bandwidth_gbps']:.1f} GB/s (highest of "
            f"{len(artifact.get('read_bandwidth_samples_gbps', [1]))} samples, {artifact['threads']} threads); "
            f"{artifact['cpu'].get('cpu_model', '?')}, "
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
                           f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
                           flush=True)
-            del kernels
+            del kernels, calls, read  # before the next shape's copies: two shapes' sets at once ran out of 24 GiB
     ceiling = max(samples)
     for row in results:  # against the highest read bandwidth of the whole run
         row["pct_ceiling"] = 100 * row["gbps"] / ceiling

@@ -73,3 +73,15 @@ def test_kernels_alternate_within_rounds_and_never_share_a_copy_in_a_row():
     copies = [i for n, i in log if n != "read"]
     assert copies == [c % 5 for c in range(15)]
     assert all(x != y for x, y in zip(copies[:-1], copies[1:], strict=True))
+
+
+def test_the_table_quotes_the_paired_percent_and_only_rows_measured():
+    """The docs' table: at decode rows the percent of the read in the same rounds (not of the run's
+    highest sample), and no empty sections for row counts the run did not measure."""
+    row = {"model": "m", "layer": "down_proj", "m": 1, "kernel": "omni_sb_avx2", "us": 10.0, "gbps": 26.7,
+           "pct_ceiling": 51.0, "pct_paired_read": 92.4}
+    art = {"read_bandwidth_gbps": 52.2, "read_bandwidth_samples_gbps": [30.0, 52.2], "threads": 2,
+           "cpu": {"cpu_model": "x", "cpu_flags": ["avx2"]}, "results": [row]}
+    text = kernel_bench.table(art)
+    assert "| m | down_proj | 26.7 (92%) |" in text
+    assert "M=512" not in text and "M=16" not in text
