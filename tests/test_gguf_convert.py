@@ -26,15 +26,25 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(smollm2_gguf, tmp_path_factory) -> Path:
+def q4k_gguf(smollm2_gguf, tmp_path_factory) -> tuple[Path, dict]:
+    """SmolLM2's GGUF with its ffn_down tensors (K = 1536) re-encoded as Q4_K, the other linears the
+    file's own Q4_1; and the Q4_K fields written (:func:`_with_q4_k_ffn_down`)."""
+    dst = tmp_path_factory.mktemp("q4k") / "smollm2-q4k.gguf"
+    return dst, _with_q4_k_ffn_down(smollm2_gguf, dst)
+
+
+@pytest.fixture(scope="module")
+def converted(q4k_gguf, tmp_path_factory) -> Path:
+    """That file converted once by `omni-quant convert FILE.gguf` (about a minute on two cores): the
+    Q4_1 tests and the Q4_K test read the same output."""
     out = tmp_path_factory.mktemp("gguf") / "smollm2-int4"
-    proc = subprocess.run([OMNI_QUANT, "convert", str(smollm2_gguf), str(out)], capture_output=True, text=True,
+    proc = subprocess.run([OMNI_QUANT, "convert", str(q4k_gguf[0]), str(out)], capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
-def test_q4_1_tensors_are_repacked_with_their_codes(smollm2_gguf, converted):
+def test_q4_1_tensors_are_repacked_with_their_codes(q4k_gguf, converted):
     from gguf import GGUFReader, dequantize
     from safetensors.torch import load_file
 
@@ -46,13 +56,13 @@ def test_q4_1_tensors_are_repacked_with_their_codes(smollm2_gguf, converted):
     tensors = {}
     for f in converted.glob("*.safetensors"):
         tensors.update(load_file(str(f)))
-    reader = GGUFReader(str(smollm2_gguf))
-    t = next(x for x in reader.tensors if x.name == "blk.3.ffn_down.weight")  # not permuted by llama.cpp
+    reader = GGUFReader(str(q4k_gguf[0]))
+    t = next(x for x in reader.tensors if x.name == "blk.3.ffn_up.weight")  # not permuted by llama.cpp
     assert t.tensor_type.name == "Q4_1"
     want = dequantize(np.asarray(t.data), t.tensor_type)
-    codes = unpack(tensors["model.layers.3.mlp.down_proj.qweight"]).numpy()
-    s = tensors["model.layers.3.mlp.down_proj.scales"].float().numpy()
-    z = tensors["model.layers.3.mlp.down_proj.zeros"].float().numpy()
+    codes = unpack(tensors["model.layers.3.mlp.up_proj.qweight"]).numpy()
+    s = tensors["model.layers.3.mlp.up_proj.scales"].float().numpy()
+    z = tensors["model.layers.3.mlp.up_proj.zeros"].float().numpy()
     got = (codes.astype(np.float32) - 8) * np.repeat(s, 32, 1) + np.repeat(z, 32, 1)
     # the codes are llama.cpp's; only the group constants were rounded to bf16 (8 significant bits)
     err = np.abs(got - want).max() / np.abs(want).max()
@@ -187,7 +197,7 @@ def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
     return fields
 
 
-def test_q4_k_tensors_become_super_blocks_bit_for_bit(smollm2_gguf, tmp_path):
+def test_q4_k_tensors_become_super_blocks_bit_for_bit(q4k_gguf, converted):
     """A GGUF holding Q4_K (ffn_down, K = 1536) beside Q4_1 (the K = 576 layers): the Q4_K tensors are
     stored in super-blocks with llama.cpp's codes, scales, mins, d and dmin unchanged, and dequantize as
     the gguf package does; the Q4_1 ones stay per group (their exact form)."""
@@ -196,20 +206,18 @@ def test_q4_k_tensors_become_super_blocks_bit_for_bit(smollm2_gguf, tmp_path):
     from safetensors.torch import load_file
 
     from omni_quant import super_blocks
-    from omni_quant.gguf_convert import convert_gguf
     from omni_quant.packing import unpack
 
-    q4k = tmp_path / "smollm2-q4k.gguf"
-    fields = _with_q4_k_ffn_down(smollm2_gguf, q4k)
-    reports = convert_gguf(q4k, tmp_path / "out")
-    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    q4k, fields = q4k_gguf
+    qc = json.loads((converted / "config.json").read_text())["quantization_config"]
     assert qc["format_version"] == 3
     assert sorted(qc["super_block_modules"]) == sorted(f"model.layers.{i}.mlp.down_proj" for i in range(30))
-    actions = {r.name.split(" <- ")[0]: r.action for r in reports}
+    report = json.loads((converted / "quantization_report.json").read_text())
+    actions = {r["name"].split(" <- ")[0]: r["action"] for r in report["tensors"]}
     assert actions["model.layers.3.mlp.down_proj.weight"] == "repacked from Q4_K in super-blocks"
     assert actions["model.layers.3.mlp.up_proj.weight"] == "repacked from Q4_1"
     tensors = {}
-    for f in (tmp_path / "out").glob("*.safetensors"):
+    for f in converted.glob("*.safetensors"):
         tensors.update(load_file(str(f)))
     m = "model.layers.3.mlp.down_proj"
     got = (unpack(tensors[f"{m}.qweight"]), *(tensors[f"{m}.{n}"] for n in super_blocks.TENSORS[1:]))

