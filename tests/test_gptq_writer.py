@@ -102,8 +102,10 @@ def test_stock_vllm_loads_the_gptq_checkpoint_and_matches_cpu_int4(real_model, t
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "Photosynthesis is",
                "The three primary colors are", "To make a cup of tea,", "import numpy as np\n", "User: Hi!\nAssistant:"]
     llm = {"enforce_eager": True, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 1 << 27}
+    # stock in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as omni runs vllm.LLM): the layout changes
+    # no numerics, and its three-process start costs about 25 s more on two cores
     stock = run_engine({"llm": {"model": str(gptq_dir), **llm}, "prompts": prompts, "max_tokens": 12},
-                       clean_env(VLLM_PLUGINS="", VLLM_CPU_INT4_W4A8="0"))
+                       clean_env(VLLM_PLUGINS="", VLLM_CPU_INT4_W4A8="0", VLLM_ENABLE_V1_MULTIPROCESSING="0"))
     assert "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod" in stock.log
     ours = run_engine({"llm": {"model": str(int4_dir), **llm}, "prompts": prompts, "max_tokens": 12},
                       clean_env(VLLM_PLUGINS="omni", OMNI_INT4_KERNEL="int4pack"))
