@@ -132,7 +132,8 @@ def rotation_copies(one: int, llc: int, budget: int) -> int:
 
 
 def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies: int,
-                   read: Callable[[], float] | None = None) -> tuple[dict[str, list[float]], list[float]]:
+                   read: Callable[[], float] | None = None,
+                   share: Callable[[str], str] = lambda name: name) -> tuple[dict[str, list[float]], list[float]]:
     """Time every kernel once a round, ``rounds`` rounds, after one warm-up call each:
     ``({name: [microseconds per round]}, [read GB/s per round])``.
 
@@ -140,23 +141,34 @@ def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies
     once a round before them) so that every kernel, and the ceiling, samples the same stretches of a
     shared host: timed one after the other, a kernel timed while a neighbour loaded the memory
     bus lost to one timed a second later by more than the kernels differ (the same reason as
-    ``harness pages``' ABBA order). Call ``c`` of the whole run reads copy ``c % copies``: kernels
-    that share one set of copies never reread one that another just left warm."""
+    ``harness pages``' ABBA order). Kernels with the same ``share(name)`` read one set of copies
+    (omni's kernel per instruction set) and advance one counter: call ``c`` of a set reads copy
+    ``c % copies``, so a kernel never reads the copy it or a kernel of its set read last."""
     samples: dict[str, list[float]] = {name: [] for name in kernels}
     reads: list[float] = []
-    call = 0
-    for fn in kernels.values():
-        fn(call % copies)
-        call += 1
+    counters: dict[str, int] = {}
+
+    def next_copy(name: str) -> int:
+        key = share(name)
+        counters[key] = counters.get(key, -1) + 1
+        return counters[key] % copies
+
+    for name, fn in kernels.items():
+        fn(next_copy(name))
     for _ in range(rounds):
         if read is not None:
             reads.append(read())
         for name, fn in kernels.items():
+            i = next_copy(name)
             t = time.perf_counter()
-            fn(call % copies)
+            fn(i)
             samples[name].append((time.perf_counter() - t) * 1e6)
-            call += 1
     return samples, reads
+
+
+def copy_set(name: str) -> str:
+    """Which set of weight copies kernel ``name`` reads: omni's kernels per instruction set share one."""
+    return "omni_w4a8" if name.startswith("omni_w4a8_") else name
 
 
 SYMMETRIC = {"w4a8_kernel", "wna16", "zentorch"}
@@ -252,9 +264,9 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
     out["dequant_bf16"] = (dequant_bf16, n * k + meta)  # codes held one a byte here
     q8, s8 = quantize_int8(w)
-    i8 = [(q8.clone(), s8.clone()) for _ in range(max(1, copies // 2))]
+    i8 = [(q8.clone(), s8.clone()) for _ in range(max(2, -(-copies // 2)))]  # twice the bytes a copy
     out["int8pack"] = (lambda x, i: torch.ops.aten._weight_int8pack_mm(x, *i8[i % len(i8)]), n * k + n * 2)
-    bf = [w.to(torch.bfloat16) for _ in range(max(1, copies // 4))]
+    bf = [w.to(torch.bfloat16) for _ in range(max(2, -(-copies // 4)))]  # four times
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
     return out, (w, q, s, z, w_sb)
 
@@ -381,9 +393,10 @@ def main(argv: list[str] | None = None) -> int:
                 memory_bound = m <= MEMORY_BOUND_ROWS
                 n_copies = copies if memory_bound else 1
                 calls = {name: (lambda i, fn=fn, x=x, nc=n_copies: fn(x, i % nc)) for name, (fn, _) in kernels.items()}
-                per_round, reads = interleaved_us(calls, args.repeats, n_copies, read if memory_bound else None)
+                per_round, reads = interleaved_us(calls, args.repeats, n_copies, read if memory_bound else None,
+                                                  share=copy_set)
                 samples.extend(reads)
-                for name, (_, nbytes) in kernels.items():
+                for name, (_fn, nbytes) in kernels.items():
                     us = statistics.median(per_round[name])
                     gbps = nbytes / (us * 1e-6) / GB
                     paired = (statistics.median(nbytes / (u * 1e-6) / GB / r for u, r in zip(per_round[name], reads,
@@ -396,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
                           f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
                           flush=True)
-            del kernels, calls, read  # before the next shape's copies: two shapes' sets at once ran out of 24 GiB
+            # before the next shape's copies (two shapes' sets at once ran out of 24 GiB)
+            kernels = calls = read = weights = _fn = None
     ceiling = max(samples)
     for row in results:  # against the highest read bandwidth of the whole run
         row["pct_ceiling"] = 100 * row["gbps"] / ceiling

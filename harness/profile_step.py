@@ -1,12 +1,13 @@
 """Per-op self time of one decode step, measured inside the worker with torch.profiler.
 
     python -m harness profile [--model smollm2-135m] [--prompt-len 512] [--decode-steps 16]
-        [--quantization Q] [--enforce-eager]
+        [--quantization Q] [--enforce-eager] [--out harness/results/profile_MODEL-STAMP.json]
 
 Two profiled requests on the same prompt: A generates 1 token (prefill only), B
 generates ``1 + decode_steps``. Per op, (self CPU time of B - of A) / decode_steps is the
 self time of that op in one decode step at depth ``prompt_len``. Ops are grouped into
-GEMM, attention, norms and other; the last stdout line is JSON (microseconds).
+GEMM, attention, norms and other; the last stdout line is JSON (microseconds). ``--out`` also writes
+it as an artifact with the CPU model and flags, the versions and the per-op table.
 This is the tool that separates arms whose end-to-end numbers are NOT A RANKING.
 """
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-steps", type=int, default=16)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--out", default=None, help="also write the result as a JSON artifact here")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from harness.models import MODELS, fetch
@@ -102,9 +104,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {g:10s} {v:9.0f} us  {100 * v / total:5.1f}%")
     for k, v in top:
         print(f"    {k:50s} {v:9.1f} us  [{classify(k)}]")
-    print(json.dumps({"metrics": {"op_self_us": total}, "groups_us": groups,
-                      "share": {g: v / total for g, v in groups.items()}, "top_ops_us": dict(top),
-                      "params": vars(args)}), flush=True)
+    result = {"metrics": {"op_self_us": total}, "groups_us": groups,
+              "share": {g: v / total for g, v in groups.items()}, "top_ops_us": dict(top), "params": vars(args)}
+    print(json.dumps(result), flush=True)
+    if args.out:
+        from datetime import UTC, datetime
+        from pathlib import Path
+
+        from harness.provenance import collect_cpu, collect_versions
+
+        artifact = {"kind": "decode_step_profile", "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "cpu": collect_cpu(sorted(os.sched_getaffinity(0))), "versions": collect_versions(),
+                    **result, "per_op_us": dict(sorted(per_op.items(), key=lambda kv: -kv[1]))}
+        Path(args.out).write_text(json.dumps(artifact, indent=1))
+        print(f"artifact: {args.out}", flush=True)
     return 0
 
 

@@ -32,9 +32,11 @@ def artifact(real_model, tmp_path_factory):
         if "run-vllm" in arm["command"] and "--enforce-eager" not in arm["command"]:
             arm["command"] += " --enforce-eager"
     # made eager, omni-cpu_int4-llm is omni-cpu_int4-eager's command exactly: one run of it is enough
-    commands = [(arm["command"], json.dumps(arm.get("env", {}), sort_keys=True)) for arm in spec["arms"]]
+    # (the same words in another order: --enforce-eager was appended to one, written into the other)
+    commands = [(sorted(arm["command"].split()), json.dumps(arm.get("env", {}), sort_keys=True))
+                for arm in spec["arms"]]
     spec["arms"] = [arm for i, arm in enumerate(spec["arms"]) if commands[i] not in commands[:i]]
-    assert [arm["tag"] for arm in spec["arms"]].count("omni-cpu_int4-eager") == 1
+    assert "omni-cpu_int4-llm" not in [arm["tag"] for arm in spec["arms"]]
     (tmp / "spec.json").write_text(json.dumps(spec))
     cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
     proc = subprocess.run(

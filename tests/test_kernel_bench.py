@@ -48,7 +48,7 @@ def test_shapes_are_the_models_linears(model):
     assert model in MODELS
 
 
-def test_decode_rows_rotate_through_a_gigabyte_of_copies_never_one():
+def test_decode_rows_rotate_through_rotation_bytes_of_copies_never_one():
     """A decode-row timing never rereads one copy (the head alone, 117 MB, was timed from a VM host's
     hidden cache at 52 GB/s), fills ROTATION_BYTES even when sysfs shows a small cache, and stays in
     the budget."""
@@ -61,18 +61,24 @@ def test_decode_rows_rotate_through_a_gigabyte_of_copies_never_one():
     assert kernel_bench.rotation_copies(small, 1 << 31, 8 << 30) * small >= 2 << 31  # twice a larger cache
 
 
-def test_kernels_alternate_within_rounds_and_never_share_a_copy_in_a_row():
-    """interleaved_us runs each kernel once a round, after the round's read, in a fixed order; call c of
-    the run gets copy c % copies, so two kernels on one set of copies never read the same copy in a row."""
-    log = []
-    calls = {name: (lambda i, name=name: log.append((name, i))) for name in ("a", "b", "c")}
-    read = lambda: log.append(("read", -1)) or 30.0  # noqa: E731
-    per_round, reads = kernel_bench.interleaved_us(calls, rounds=4, copies=5, read=read)
-    assert [len(v) for v in per_round.values()] == [4, 4, 4] and reads == [30.0] * 4
-    assert [n for n, _ in log] == ["a", "b", "c"] + ["read", "a", "b", "c"] * 4
-    copies = [i for n, i in log if n != "read"]
-    assert copies == [c % 5 for c in range(15)]
-    assert all(x != y for x, y in zip(copies[:-1], copies[1:], strict=True))
+def test_kernels_alternate_within_rounds_and_never_reread_their_last_copy():
+    """interleaved_us runs each kernel once a round, after the round's read, in a fixed order; each set of
+    copies has its own counter, so a kernel (or the kernels sharing a set) never reads the copy read last
+    from its set, even when the number of copies divides the number of kernels."""
+    for copies in (5, 3, 2):
+        log = []
+        calls = {name: (lambda i, name=name, log=log: log.append((name, i)))
+                 for name in ("a", "omni_w4a8_x", "omni_w4a8_y")}
+        read = lambda log=log: log.append(("read", -1)) or 30.0  # noqa: E731
+        per_round, reads = kernel_bench.interleaved_us(calls, rounds=4, copies=copies, read=read,
+                                                       share=kernel_bench.copy_set)
+        assert [len(v) for v in per_round.values()] == [4, 4, 4] and reads == [30.0] * 4
+        assert [n for n, _ in log] == ["a", "omni_w4a8_x", "omni_w4a8_y"] + ["read", "a", "omni_w4a8_x",
+                                                                             "omni_w4a8_y"] * 4
+        for group in ({"a"}, {"omni_w4a8_x", "omni_w4a8_y"}):
+            seq = [i for n, i in log if n in group]
+            assert seq == [c % copies for c in range(len(seq))], (copies, group, seq)
+            assert all(x != y for x, y in zip(seq[:-1], seq[1:], strict=True))
 
 
 def test_the_table_quotes_the_paired_percent_and_only_rows_measured():
