@@ -167,8 +167,12 @@ def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies
 
 
 def copy_set(name: str) -> str:
-    """Which set of weight copies kernel ``name`` reads: omni's kernels per instruction set share one."""
-    return "omni_w4a8" if name.startswith("omni_w4a8_") else name
+    """Which set of weight copies kernel ``name`` reads: omni's kernels per instruction set share one
+    (``omni_w4a8_<isa>`` one, ``omni_sb_<isa>`` another)."""
+    for prefix in ("omni_w4a8_", "omni_sb_"):
+        if name.startswith(prefix):
+            return prefix
+    return name
 
 
 SYMMETRIC = {"w4a8_kernel", "wna16", "zentorch"}

@@ -73,6 +73,7 @@ def test_kernels_alternate_within_rounds_and_never_reread_their_last_copy():
         per_round, reads = kernel_bench.interleaved_us(calls, rounds=4, copies=copies, read=read,
                                                        share=kernel_bench.copy_set)
         assert [len(v) for v in per_round.values()] == [4, 4, 4] and reads == [30.0] * 4
+        assert kernel_bench.copy_set("omni_sb_avx2") == kernel_bench.copy_set("omni_sb_avx512vnni") != "omni_w4a8_"
         assert [n for n, _ in log] == ["a", "omni_w4a8_x", "omni_w4a8_y"] + ["read", "a", "omni_w4a8_x",
                                                                              "omni_w4a8_y"] * 4
         for group in ({"a"}, {"omni_w4a8_x", "omni_w4a8_y"}):
