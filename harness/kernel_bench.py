@@ -41,15 +41,14 @@ turn (:func:`interleaved_us`), so that all of them sample the same stretches of 
 M <= 16 every call reads a different copy of the weights, enough copies to fill ``ROTATION_BYTES``
 (512 MiB, at least two copies and at least twice the last-level cache of
 ``/sys/devices/system/cpu/cpu0/cache``), so decode is timed from memory, not from cache, as in a real
-decode step, which streams the whole model. Twice the cache that sysfs shows is not enough: a virtual
-machine may show 32 MiB while its two vCPUs sit on two chiplets with more L3 between them; with one
-copy of the 117 MB head reread, a 2-core AMD EPYC VM measured 52 GB/s against a 30-40 GB/s streaming
-read, and 25 GB/s with two copies alternating.
+decode step, which streams the whole model. Twice the cache that sysfs shows is not enough: a
+virtual machine may show 32 MiB while its two vCPUs sit on two chiplets with more L3 between them, and
+one copy of a 117 MB head, reread, was timed faster than a streaming read of memory.
 
 ``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time. The ceiling is
 the machine's read bandwidth (``torch.sum`` of float32 over ``ROTATION_BYTES``, same threads),
 sampled once before every shape and, at M <= 16, once in every round: on a shared machine it moves
-by half between seconds (29 to 55 GB/s within one run). ``pct_paired_read`` (M <= 16) is the median
+by half between seconds (17 to 52 GB/s in kernel_matrix-20261203T091646Z). ``pct_paired_read`` (M <= 16) is the median
 over rounds of the kernel's GB/s over the read's GB/s in the same round, the figure to quote;
 ``pct_ceiling`` divides by the highest read sample of the whole run (a lower bound). The artifact records
 the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
