@@ -68,7 +68,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ROTATION_BYTES", "SHAPES", "llc_bytes", "main", "read_bandwidth_gbps", "rotation_copies"]
+__all__ = ["ROTATION_BYTES", "SHAPES", "llc_bytes", "main", "rotation_copies", "streaming_read"]
 
 # name -> [(layer, N, K, group size)]: the linears of one decoder layer and the head.
 SHAPES: dict[str, list[tuple[str, int, int, int]]] = {
@@ -98,17 +98,10 @@ def llc_bytes() -> int:
     return best or 32 << 20
 
 
-def read_bandwidth_gbps(buffer_bytes: int, repeats: int = 5) -> float:
-    """Best-of ``repeats`` read bandwidth of ``torch.sum`` over ``buffer_bytes`` of float32, GB/s.
-
-    float32: torch's integer sums are not vectorized (int32 read at about 2 GB/s here)."""
-    read = streaming_read(buffer_bytes)
-    return max(read() for _ in range(repeats))
-
-
 def streaming_read(buffer_bytes: int) -> Callable[[], float]:
     """A call that reads ``buffer_bytes`` of float32 once with ``torch.sum`` and returns GB/s (the
-    kernels' ceiling, sampled in the same rounds as they are)."""
+    kernels' ceiling, sampled in the same rounds as they are; float32 because torch's integer sums are
+    not vectorized: int32 read at about 2 GB/s)."""
     import torch
 
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)
@@ -373,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
     llc = llc_bytes()
+    read_bytes = max(ROTATION_BYTES, 4 * llc)
+    read = streaming_read(read_bytes)  # one buffer for the whole run
     probe_start = cpu_speed_probe_s()
     samples = []
     results, failed = [], []
@@ -380,17 +375,16 @@ def main(argv: list[str] | None = None) -> int:
         for layer, n, k, g in SHAPES[model]:
             one = n * k // 2
             copies = rotation_copies(one, llc, args.copy_budget_mib << 20)
-            samples.append(read_bandwidth_gbps(max(ROTATION_BYTES, 4 * llc)))
+            samples.append(max(read() for _ in range(5)))  # best of 5 before each shape
             ceiling = max(samples)
             print(f"read bandwidth {samples[-1]:.1f} GB/s, highest so far {ceiling:.1f} "
-                  f"({args.threads} threads, {max(ROTATION_BYTES, 4 * llc) >> 20} MiB buffer)", flush=True)
+                  f"({args.threads} threads, {read_bytes >> 20} MiB buffer)", flush=True)
             kernels, weights = _kernels(n, k, g, copies)
             sqnr, bad = check(kernels, weights, k)
             for name, why in bad.items():
                 failed.append({"model": model, "layer": layer, "n": n, "k": k, "kernel": name, "reason": why})
                 print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} {name}: not timed, {why}", flush=True)
                 del kernels[name]
-            read = streaming_read(max(ROTATION_BYTES, 4 * llc))
             for m in rows:
                 x = torch.randn(m, k, dtype=torch.bfloat16)
                 memory_bound = m <= MEMORY_BOUND_ROWS
@@ -413,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
                           flush=True)
             # before the next shape's copies (two shapes' sets at once ran out of 24 GiB)
-            kernels = calls = read = weights = _fn = None
+            kernels = calls = weights = _fn = None
     ceiling = max(samples)
     for row in results:  # against the highest read bandwidth of the whole run
         row["pct_ceiling"] = 100 * row["gbps"] / ceiling
