@@ -66,8 +66,8 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
     return (found.get("lm_head") if found is not None else None), how
 
 
-def linear_input_importance(src: str | Path,
-                            gguf_file: str | None = None) -> tuple[dict[str, torch.Tensor] | None, str]:
+def linear_input_importance(src: str | Path, gguf_file: str | None = None, config=None,
+                            tokenizer_dir: str | Path | None = None) -> tuple[dict[str, torch.Tensor] | None, str]:
     """E[x_k^2] of every linear layer's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
 
     Returns ``(importance, how)``: ``importance`` maps each ``torch.nn.Linear`` of the model as
@@ -78,6 +78,9 @@ def linear_input_importance(src: str | Path,
     whole model in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
     With ``gguf_file`` (a file in the directory ``src``), the model and tokenizer are transformers'
     reading of that llama.cpp file, every tensor dequantized (``GgufConfig(dequantize=True)``).
+    ``config`` (a transformers config already read from ``src``) and ``tokenizer_dir`` (a directory
+    holding that model's tokenizer files) spare transformers reading them again: each reading of a
+    GGUF file parses all its metadata, the vocabulary included (seconds on two cores).
 
     Raises:
         CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``.
@@ -90,6 +93,8 @@ def linear_input_importance(src: str | Path,
 
         extra = {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)}
     try:
+        if config is not None:
+            extra["config"] = config
         model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16, **extra)
     except RuntimeError as e:
         if "size mismatch" in str(e) or "ignore_mismatched_sizes" in str(e):
@@ -100,7 +105,10 @@ def linear_input_importance(src: str | Path,
     except (OSError, ValueError, TypeError, KeyError) as e:
         return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
     try:
-        tok = AutoTokenizer.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
+        if tokenizer_dir is not None:
+            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError, TypeError) as e:
         return None, f"none: no tokenizer in {src} ({type(e).__name__})"
     model.eval()

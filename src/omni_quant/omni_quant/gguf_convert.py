@@ -102,9 +102,11 @@ def _name_map(cfg) -> tuple[dict[str, str], object]:
     return get_gguf_hf_weights_map(model, processor), processor
 
 
-def _importance(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+def _importance(path: Path, cfg, tokenizer_dir: Path) -> tuple[dict[str, torch.Tensor], str]:
     """E[x^2] of every linear layer's input, from transformers' dequantized reading of the file: the
     default recipe's weighting for the tensors this path requantizes (:mod:`omni_quant.calibration`).
+    ``cfg`` and the tokenizer in ``tokenizer_dir`` are :func:`_hf_side`'s, so the file's metadata is
+    not parsed twice more.
 
     Raises:
         ConversionError: the file's model contradicts its own metadata (:class:`CalibrationError`)."""
@@ -112,7 +114,7 @@ def _importance(path: Path) -> tuple[dict[str, torch.Tensor], str]:
     from omni_quant.convert import ConversionError
 
     try:
-        found, how = linear_input_importance(path.parent, gguf_file=path.name)
+        found, how = linear_input_importance(path.parent, gguf_file=path.name, config=cfg, tokenizer_dir=tokenizer_dir)
     except CalibrationError as e:
         raise ConversionError(str(e)) from e
     return found or {}, how
@@ -212,7 +214,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
             raise ConversionError(str(e)) from e
         name_map, processor = _name_map(cfg)
         exact_ok = type(processor) in (TensorProcessor, LlamaTensorProcessor)
-        importance, importance_how = _importance(path)
+        importance, importance_how = _importance(path, cfg, tmp)
         writer, reports, per_module = ShardWriter(tmp), [], {}
         in_sb = _super_block_modules(reader, name_map, structure) if exact_ok else set()
         tied = not any(t.name == "output.weight" for t in reader.tensors)
