@@ -63,6 +63,19 @@ def test_c02_worker_decodes_on_all_allowed_cpus():
 
 
 @pytest.mark.engine
+def test_worker_probe_under_stock_vllm_takes_a_small_kv_cache():
+    """No omni platform (VLLM_PLUGINS names none of ours): the probe engine gets PROBE_KV_BYTES, not
+    vLLM's CPU default (most of the node's memory), and the report says the worker is not OmniPlatform."""
+    from omni_platform.testing import PROBE_KV_BYTES
+
+    rc, report = _info("--worker", VLLM_PLUGINS="none")
+    assert rc == 1
+    (worker,) = report["workers"]
+    assert worker["platform"] == "vllm.platforms.cpu.CpuPlatform"
+    assert worker["kv_cache"]["bytes"] == PROBE_KV_BYTES
+
+
+@pytest.mark.engine
 def test_c02_taskset_one_cpu_means_one_thread_on_that_cpu():
     import os
 

@@ -16,17 +16,31 @@ from typing import Any
 __all__ = ["make_tiny_llama", "tiny_engine_reports"]
 
 
+PROBE_KV_BYTES = 64 << 20
+"""KV cache of the probe engine (bytes) when OmniPlatform does not size it: 256 tokens of one sequence
+need a few MiB even for an 8B model, where vLLM's CPU platform alone takes most of the node's memory
+(vLLM 0.28 ``cpu_worker.py``: 21 of 23.5 GiB on a 24 GiB machine, a minute to allocate)."""
+
+
 def tiny_engine_reports(model: str | None = None) -> list[dict[str, Any]]:
     """Start ``vllm.LLM`` (eager, ``max_model_len`` 256, one sequence) on ``model`` or on a tiny
-    random Llama, return each worker's :func:`~omni_platform.probe.worker_report`, shut it down."""
+    random Llama, return each worker's :func:`~omni_platform.probe.worker_report`, shut it down.
+
+    Under OmniPlatform the KV cache is the platform's own choice (the report shows it); under another
+    platform, unless ``VLLM_CPU_KVCACHE_SPACE`` is set, it is :data:`PROBE_KV_BYTES`."""
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
     from vllm import LLM
+    from vllm.platforms import current_platform
 
+    from omni_platform.platform import OmniPlatform
     from omni_platform.probe import worker_report
 
+    extra: dict[str, Any] = {}
+    if not isinstance(current_platform, OmniPlatform) and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        extra["kv_cache_memory_bytes"] = PROBE_KV_BYTES
     with tempfile.TemporaryDirectory(prefix="omni-tiny-") as tmp:
         llm = LLM(model=model or str(make_tiny_llama(tmp)), enforce_eager=True, skip_tokenizer_init=model is None,
-                  max_model_len=256, max_num_seqs=1)
+                  max_model_len=256, max_num_seqs=1, **extra)
         try:
             return llm.collective_rpc(worker_report)
         finally:
