@@ -176,6 +176,13 @@ def test_server_runs_in_two_processes_and_answers_like_vllm_llm(real_model, defa
             urllib.request.urlopen(bad, timeout=120)
         assert refused.value.code == 400
         assert "stop_token_ids holds token id 1000000" in refused.value.read().decode()
+        bad.data = json.dumps({"model": str(real_model), "prompt": "Hi", "max_tokens": 4,
+                               "allowed_token_ids": [5, 49152]}).encode()
+        with pytest.raises(urllib.error.HTTPError) as refused:  # checked before vLLM's own verify
+            urllib.request.urlopen(bad, timeout=120)
+        assert refused.value.code == 400
+        assert "allowed_token_ids holds token id 49152, outside this model's vocabulary of 49152" \
+            in refused.value.read().decode()
         with urllib.request.urlopen(req, timeout=120) as r:
             text = json.loads(r.read())["choices"][0]["text"]
     finally:

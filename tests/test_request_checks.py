@@ -68,7 +68,9 @@ def test_c12_vllm_llm_refuses_bad_ids_and_keeps_generating(int4_model_dir):
             before = llm.generate([TokensPrompt(prompt_token_ids=[1, 2, 3])], sp, use_tqdm=False)[0].outputs[0].text
             errors = []
             for prompt, params in (([1, 49152], sp), ([1, 2], SamplingParams(max_tokens=4, min_tokens=2,
-                                                                             stop_token_ids=[10**6]))):
+                                                                             stop_token_ids=[10**6])),
+                                   ([1, 2], SamplingParams(max_tokens=4, allowed_token_ids=[5, 10**12])),
+                                   ([1, 2], SamplingParams(max_tokens=4, logit_bias={{-5: 1.0}}))):
                 try:
                     llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
                     errors.append(None)
@@ -87,5 +89,7 @@ def test_c12_vllm_llm_refuses_bad_ids_and_keeps_generating(int4_model_dir):
         out = json.loads(lines[-1][len("RESULT "):])
         assert out["errors"][0] and "prompt_token_ids holds token id 49152" in out["errors"][0]
         assert out["errors"][1] and "stop_token_ids holds token id 1000000" in out["errors"][1]
-        assert "vocabulary of 49152" in out["errors"][0]
+        assert out["errors"][2] and "allowed_token_ids holds token id 1000000000000" in out["errors"][2]
+        assert out["errors"][3] and "logit_bias holds token id -5" in out["errors"][3]
+        assert all("vocabulary of 49152" in e for e in out["errors"])
         assert out["after"] == out["before"] and out["after"]

@@ -29,7 +29,7 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The seven patches, in application order."""
+    """The eight patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.kv_cache import PATCH as KV
@@ -37,5 +37,6 @@ def all_patches() -> list[Patch]:
     from omni_patches.patches.pipeline_parallel import PATCH as PP
     from omni_patches.patches.release_memory import PATCH as RELEASE
     from omni_patches.patches.sampler_seeds import PATCH as SEEDS
+    from omni_patches.patches.token_ids import PATCH as TOKEN_IDS
 
-    return [AOT, KV, RELEASE, BATCH, SEEDS, PP, MODELINFO]
+    return [AOT, KV, RELEASE, BATCH, SEEDS, PP, MODELINFO, TOKEN_IDS]
