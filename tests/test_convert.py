@@ -160,7 +160,7 @@ def test_bad_inputs_are_clear_and_leave_nothing(tmp_path, case):
         assert list(dst.iterdir()) == []
 
 
-@pytest.mark.parametrize("case", ["config_list", "dst_inside_src", "keep_unknown", "index_outside"])
+@pytest.mark.parametrize("case", ["config_list", "dst_inside_src", "keep_unknown", "keep_norm", "index_outside"])
 def test_more_bad_inputs(tmp_path, case):
     src = write_checkpoint(tmp_path / "src")
     dst = tmp_path / "dst"
@@ -173,7 +173,10 @@ def test_more_bad_inputs(tmp_path, case):
         expect = "inside the source"
     elif case == "keep_unknown":
         args = ["--keep-bf16", "no_such_proj"]
-        expect = "matches no module"
+        expect = "matches no linear layer"
+    elif case == "keep_norm":  # a norm is never quantized: keeping it would change nothing, silently
+        args = ["--keep-bf16", "input_layernorm"]
+        expect = "input_layernorm is not a linear layer"
     else:
         other = write_checkpoint(tmp_path / "other")
         (src / "model.safetensors").unlink()
@@ -183,6 +186,8 @@ def test_more_bad_inputs(tmp_path, case):
     proc = subprocess.run([OMNI_QUANT, "convert", str(src), str(dst), *args], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 2 and expect in proc.stderr, proc.stderr
+    if case.startswith("keep"):  # says how to name one: short or full checkpoint name
+        assert "q_proj" in proc.stderr and "full checkpoint name (e.g. model.layers.0." in proc.stderr, proc.stderr
     assert not dst.exists()
 
 

@@ -34,6 +34,14 @@ def test_unknown_plugin_name_exits_1():
     assert any("'omnni'" in p for p in report["problems"])
 
 
+def test_plugins_list_without_omni_says_vllm_runs_stock():
+    rc, report = _info(VLLM_PLUGINS="")
+    assert rc == 0, report["problems"]  # stock vLLM is a legitimate choice, said once
+    assert "does not name 'omni'" in report["omni_off_reason"] and not report["omni_general_plugin_enabled"]
+    rc, report = _info(VLLM_PLUGINS="omni")
+    assert report["omni_off_reason"] is None
+
+
 def test_extensions_without_omni_platform_exit_1():
     # VLLM_TARGET_DEVICE=cpu makes vLLM pick its stock CpuPlatform without asking plugins.
     rc, report = _info(VLLM_PLUGINS="omni", VLLM_TARGET_DEVICE="cpu")

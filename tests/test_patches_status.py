@@ -17,7 +17,7 @@ NAMES = {"_patch_cpu_aot_compile_cache_load", "_patch_cpu_explicit_kv_cache_memo
 
 
 def _status(*args, **env):
-    proc = subprocess.run([OMNI_PATCHES, "status", "--json", *args], env=clean_env(VLLM_PLUGINS="omni", **env),
+    proc = subprocess.run([OMNI_PATCHES, "status", "--json", *args], env=clean_env(**{"VLLM_PLUGINS": "omni", **env}),
                           capture_output=True, text=True, timeout=600)
     return proc.returncode, json.loads(proc.stdout), proc  # stdout is the report alone
 
@@ -33,6 +33,13 @@ def test_status_worker_shows_every_patch_applied_in_the_worker():
         assert (r["targets_found"], r["fingerprints_match"], r["enabled"], r["applied"], r["applied_in_worker"]) \
             == (True, True, True, True, True), r
     assert "omni-patches: applied" in proc.stderr, "vLLM's log goes to stderr"
+
+
+def test_status_says_when_vllm_plugins_leaves_omni_out():
+    rc, report, proc = _status(VLLM_PLUGINS="")
+    assert report["omni_off_reason"] and "applied in this process only" in proc.stderr, proc.stderr[-2000:]
+    rc, report, proc = _status()
+    assert report["omni_off_reason"] is None and "note:" not in proc.stderr
 
 
 def test_status_without_worker_starts_no_engine():

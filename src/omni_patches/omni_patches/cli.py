@@ -46,13 +46,18 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"vllm": installed_vllm_version(), "error": str(e), "patches": None}))
         print(f"omni-patches: error: {e}", file=sys.stderr)
         return 2
+    from omni_platform.info import omni_off_reason
+
+    off = omni_off_reason()
+    if off:  # this process applied them (the command imports omni-patches); vLLM would not
+        print(f"omni-patches: note: {off}; the patches below are applied in this process only", file=sys.stderr)
     rows = [asdict(s) for s in status()]
     worker = _worker_applied() if args.worker and error is None else None
     for r in rows:
         r["applied_in_worker"] = None if worker is None else r["name"] in worker
     bad = error is not None or any(r["enabled"] and (not r["applied"] or r["applied_in_worker"] is False) for r in rows)
     if args.json:
-        print(json.dumps({"vllm": installed_vllm_version(), "error": error, "patches": rows}))
+        print(json.dumps({"vllm": installed_vllm_version(), "error": error, "omni_off_reason": off, "patches": rows}))
     else:
         print(f"vLLM {installed_vllm_version()}" + (f"  REFUSED: {error}" if error else ""))
         for r in rows:

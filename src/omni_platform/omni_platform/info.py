@@ -47,6 +47,16 @@ def _allowed_plugins() -> list[str] | None:
     return None if raw is None else [p for p in raw.split(",")]
 
 
+def omni_off_reason() -> str | None:
+    """Why vLLM started with this environment runs without omni (``VLLM_PLUGINS`` set and not
+    naming ``omni``: no platform, extensions or patches), or ``None`` when it does not."""
+    allowed = _allowed_plugins()
+    if allowed is None or "omni" in allowed:
+        return None
+    return (f"VLLM_PLUGINS={os.environ['VLLM_PLUGINS']!r} does not name 'omni': vLLM started with it runs stock, "
+            "without omni's platform, extensions and patches (set VLLM_PLUGINS=omni to use them)")
+
+
 def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """Gather the report and the list of problems (each a sentence saying what to do)."""
     problems: list[str] = []
@@ -107,6 +117,7 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
         "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS"),
         "distributions": installed_distributions(),
         "omni_general_plugin_enabled": omni_enabled,
+        "omni_off_reason": omni_off_reason(),
         "platform": platform_name,
         "platform_is_omni": platform_name == PLATFORM_QUALNAME,
         "platform_decline_reason": platform_decline_reason(),
@@ -142,6 +153,8 @@ def _print_text(report: dict[str, Any], problems: list[str]) -> None:
     print(f"VLLM_PLUGINS={report['VLLM_PLUGINS']!r}")
     for d, ver in report["distributions"].items():
         print(f"  {d:14s} {ver or 'not installed'}")
+    if report["omni_off_reason"]:
+        print(f"note: {report['omni_off_reason']}")
     print(f"platform: {report['platform']} (omni: {report['platform_is_omni']})")
     if report["platform_decline_reason"]:
         print(f"  omni platform declined: {report['platform_decline_reason']}")

@@ -461,12 +461,19 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
     head = structure.head  # "lm_head" in a keep list means the head, whatever the checkpoint calls it
     if head != "lm_head" and (head in keep) != ("lm_head" in keep):
         keep.append(head if "lm_head" in keep else "lm_head")
-    modules = {n.rsplit(".", 1)[0] for n in names} | {"lm_head"}
-    short = {m.split(".")[-1] for m in modules}
-    unknown = [k for k in keep if k not in modules and k not in short]
+    # only what the converter would quantize can be kept: norms, biases and the input embedding stay bf16 anyway
+    modules = {n.rsplit(".", 1)[0] for n in names}
+    linear = {m for m in modules if m in structure.linear} | {"lm_head", head}
+    short = {m.split(".")[-1] for m in linear} | set(structure.fused)
+    unknown = [k for k in keep if k not in linear and k not in short]
     if unknown:
-        raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no module of {src} "
-                              f"(e.g. {', '.join(sorted(short)[:8])})")
+        example = next((m for m in sorted(structure.linear) if ".0." in m), next(iter(sorted(linear))))
+        others = [k for k in unknown if k in modules or k in {m.split(".")[-1] for m in modules}]
+        why = (f"; {' '.join(others)} {'is' if len(others) == 1 else 'are'} not a linear layer (norms, biases and "
+               "the input embedding are never quantized)") if others else ""
+        raise ConversionError(f"--keep-bf16 {' '.join(unknown)} matches no linear layer of {src}{why}. Name a "
+                              f"linear layer by its short name ({', '.join(sorted(short)[:8])}) or its full "
+                              f"checkpoint name (e.g. {example})")
     tied, has_head = bool(config.get("tie_word_embeddings", False)), f"{head}.weight" in names
     if not tied and not has_head:
         raise ConversionError(
