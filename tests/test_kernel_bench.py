@@ -74,12 +74,30 @@ def test_kernels_alternate_within_rounds_and_never_reread_their_last_copy():
                                                        share=kernel_bench.copy_set)
         assert [len(v) for v in per_round.values()] == [4, 4, 4] and reads == [30.0] * 4
         assert kernel_bench.copy_set("omni_sb_avx2") == kernel_bench.copy_set("omni_sb_avx512vnni") != "omni_w4a8_"
+        # vLLM's kernel alone reads the copies of vLLM's kernel with the correction: one counter for both
+        assert kernel_bench.copy_set("w4a8_kernel") == kernel_bench.copy_set("w4a8") != kernel_bench.copy_set("bf16")
         assert [n for n, _ in log] == ["a", "omni_w4a8_x", "omni_w4a8_y"] + ["read", "a", "omni_w4a8_x",
                                                                              "omni_w4a8_y"] * 4
         for group in ({"a"}, {"omni_w4a8_x", "omni_w4a8_y"}):
             seq = [i for n, i in log if n in group]
             assert seq == [c % copies for c in range(len(seq))], (copies, group, seq)
             assert all(x != y for x, y in zip(seq[:-1], seq[1:], strict=True))
+
+
+def test_a_burst_streams_consecutive_copies_and_reports_time_per_call():
+    """With burst=B a round's sample is B calls on B consecutive copies of the kernel's set (the next
+    kernel of the set goes on from there), and the time is per call; B streams BURST_BYTES (or twice
+    the cache) and never more than half the copies."""
+    log = []
+    calls = {name: (lambda i, name=name: log.append((name, i))) for name in ("w4a8", "w4a8_kernel")}
+    per_round, _ = kernel_bench.interleaved_us(calls, rounds=2, copies=16, share=kernel_bench.copy_set, burst=3)
+    assert [i for _, i in log] == list(range(2 + 2 * 2 * 3))  # warm-ups 0, 1; then 2..4, 5..7, 8..10, 11..13
+    assert [n for n, _ in log[2:]] == ["w4a8"] * 3 + ["w4a8_kernel"] * 3 + ["w4a8"] * 3 + ["w4a8_kernel"] * 3
+    assert all(len(v) == 2 for v in per_round.values())
+    one = 17920 * 1536 // 2  # gate_up_proj's codes
+    b = kernel_bench.burst_calls(one, 32 << 20, 40)
+    assert b * one >= kernel_bench.BURST_BYTES and (b - 1) * one < kernel_bench.BURST_BYTES
+    assert kernel_bench.burst_calls(one, 32 << 20, 4) == 2 and kernel_bench.burst_calls(151936 * 768, 32 << 20, 5) == 1
 
 
 def test_the_table_quotes_the_paired_percent_and_only_rows_measured():
@@ -91,4 +109,6 @@ def test_the_table_quotes_the_paired_percent_and_only_rows_measured():
            "cpu": {"cpu_model": "x", "cpu_flags": ["avx2"]}, "results": [row]}
     text = kernel_bench.table(art)
     assert "| m | down_proj | 26.7 (92%) |" in text
+    art["results"] = [dict(row, pct_paired_read=131.0, above_read=True)]  # a cache, not memory: marked
+    assert "| m | down_proj | 26.7 (131%)! |" in kernel_bench.table(art)
     assert "M=512" not in text and "M=16" not in text
