@@ -47,7 +47,8 @@ one copy of a 117 MB head, reread, was timed faster than a streaming read of mem
 
 ``gbps`` is the bytes of the kernel's own weight layout (codes, scales, zeros) / time. The ceiling is
 the machine's read bandwidth (``torch.sum`` of float32 over ``ROTATION_BYTES``, same threads),
-sampled once before every shape and, at M <= 16, once in every round: on a shared machine it moves
+sampled once before every shape and, at M <= 16, before and after the kernels of every round (the
+higher of the two is the round's): on a shared machine it moves
 by half between seconds (17 to 52 GB/s in kernel_matrix-20261203T091646Z). At M <= 16 a round's sample
 of a kernel is ``burst`` calls back to back on consecutive copies (at least ``BURST_BYTES``, 64 MiB, of
 weights), per-call time = total / ``burst``. ``pct_paired_read`` (M <= 16) is the median
@@ -148,7 +149,9 @@ def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies
     host's scheduling as much as the kernel (the same kernel moved 3x between runs).
 
     The kernels alternate inside each round (and ``read()``, a streaming read returning GB/s, runs
-    once a round before them) so that every kernel, and the ceiling, samples the same stretches of a
+    before and after them; the round's read is the higher of the two, so that one read slowed by
+    the host does not lift the kernels' ratios above 100%: it did, to 117% on Qwen's head, in
+    kernel_matrix runs of 2026-12-04) so that every kernel, and the ceiling, samples the same stretches of a
     shared host: timed one after the other, a kernel timed while a neighbour loaded the memory
     bus lost to one timed a second later by more than the kernels differ (the same reason as
     ``harness pages``' ABBA order). Kernels with the same ``share(name)`` read one set of copies
@@ -166,14 +169,15 @@ def interleaved_us(kernels: dict[str, Callable[[int], Any]], rounds: int, copies
     for name, fn in kernels.items():
         fn(next_copy(name))
     for _ in range(rounds):
-        if read is not None:
-            reads.append(read())
+        before = read() if read is not None else None
         for name, fn in kernels.items():
             idx = [next_copy(name) for _ in range(burst)]
             t = time.perf_counter()
             for i in idx:
                 fn(i)
             samples[name].append((time.perf_counter() - t) * 1e6 / burst)
+        if read is not None:
+            reads.append(max(before, read()))
     return samples, reads
 
 
@@ -435,8 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
                           flush=True)
                     if suspect:
-                        print(f"  WARNING: {name} above the streaming read: its copies did not beat the cache; "
-                              "do not quote this cell", flush=True)
+                        print(f"  WARNING: {name} above the streaming read in its rounds (its copies did not beat "
+                              "the cache, or the host slowed both reads): do not quote this cell", flush=True)
             # before the next shape's copies (two shapes' sets at once ran out of 24 GiB)
             kernels = calls = weights = _fn = None
     ceiling = max(samples)

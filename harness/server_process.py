@@ -59,12 +59,42 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) 
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
-    """SIGTERM the server's process group; SIGKILL it after ``grace_s`` seconds."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+    """Stop the server and every process of its group: SIGTERM to the server alone first, so that it
+    shuts down the engine core it spawned (vLLM's own shutdown path; a SIGTERM to the whole group at
+    once killed the engine core under a live front end, whose log then ended in ``EngineDeadError``),
+    then SIGTERM and, after ``grace_s`` seconds, SIGKILL to whatever of the group is left."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the group is empty: done
+            break
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.1)
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(0.1)
+        if not _group_alive(proc.pid):
+            break
+    if proc.poll() is None:
         proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is still there (zombies of other parents included)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
