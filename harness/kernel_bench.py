@@ -104,13 +104,17 @@ def llc_bytes() -> int:
     return best or 32 << 20
 
 
-def streaming_read(buffer_bytes: int) -> Callable[[], float]:
+def streaming_read(buffer_bytes: int, huge: bool = False) -> Callable[[], float]:
     """A call that reads ``buffer_bytes`` of float32 once with ``torch.sum`` and returns GB/s (the
     kernels' ceiling, sampled in the same rounds as they are; float32 because torch's integer sums are
     not vectorized: int32 read at about 2 GB/s)."""
     import torch
 
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)
+    if huge:  # on the same pages as the kernels' copies (huge_pages.place)
+        from omni_quant import huge_pages
+
+        buf = huge_pages.place(buf)
     buf.sum()
 
     def read() -> float:
@@ -214,11 +218,18 @@ def _zentorch_kernel(q32, s, g: int, copies: int):
     return lambda x, i: torch.ops.zentorch.zentorch_woq_linear(x, packed[i], scale_t, zp_t, None)
 
 
-def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, int]]:
+def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[str, tuple[Callable, int]]:
     """``({kernel name: (call(x, copy index), bytes of one weight copy)}, (w, q, s, z))``: the
-    kernels and the float weight ``[N, K]`` with its codes, scales and zeros."""
+    kernels and the float weight ``[N, K]`` with its codes, scales and zeros. With ``huge``, every
+    kernel's weight copies are placed as cpu_int4 places its weights in the engine
+    (:func:`omni_quant.huge_pages.place`: transparent huge pages where the kernel allows them)."""
     import torch
     import torch.nn.functional as F
+
+    from omni_quant import huge_pages
+
+    def pl(*ts):
+        return tuple(huge_pages.place(t) if huge else t for t in ts)
 
     from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
     from omni_quant import native
@@ -234,18 +245,18 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q32, 1)
     sz = torch.stack([s.t(), z.t()], dim=-1).contiguous()
-    int4 = [(packed.clone(), sz.clone()) for _ in range(copies)]
+    int4 = [pl(packed.clone(), sz.clone()) for _ in range(copies)]
     out["int4pack"] = (lambda x, i: torch.ops.aten._weight_int4pack_mm_for_cpu(x, int4[i][0], g, int4[i][1]),
                        n * k // 2 + meta)
     if w4a8_available():
         rep = repack_w4a8(q32, s, z, g)
-        w4 = [(rep.weight.clone(), rep.zeros.clone(), rep.scales.clone(), rep.zero_t.clone()) for _ in range(copies)]
+        w4 = [pl(rep.weight.clone(), rep.zeros.clone(), rep.scales.clone(), rep.zero_t.clone()) for _ in range(copies)]
         out["w4a8"] = (lambda x, i: w4a8_linear(x, w4[i][0], w4[i][1], w4[i][2], w4[i][3], g),
                        n * k // 2 + meta // 2 + n * groups * 4)
         out["w4a8_kernel"] = (lambda x, i: torch.ops._C.int4_scaled_mm_cpu(x, w4[i][0], w4[i][1], w4[i][2], None),
                               n * k // 2 + meta // 2)
     if native.available() and native.supports_shape(n, k, g):
-        om = [native.repack(q, s, z) for _ in range(copies)]
+        om = [pl(*native.repack(q, s, z)) for _ in range(copies)]
         for isa in native.supported_isas():
             if isa == "scalar":
                 continue  # the reference path, orders of magnitude slower: not a candidate
@@ -257,7 +268,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
         parts = super_blocks.quantize(w)
         w_sb = super_blocks.dequantize(*parts)
-        sbs = [native.repack_super_blocks(*parts) for _ in range(copies)]
+        sbs = [pl(*native.repack_super_blocks(*parts)) for _ in range(copies)]
         for isa in ("avx512vnni", "avx2"):
             if isa in native.supported_isas():
                 out[f"omni_sb_{isa}"] = (
@@ -267,7 +278,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
         wn = _wna16_layout(q32)
         sc = s.t().contiguous()
         isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
-        wns = [wn.clone() for _ in range(copies)]
+        wns = [pl(wn.clone())[0] for _ in range(copies)]
 
         def wna16(x, i):
             y = torch.empty((x.shape[0], n), dtype=x.dtype)
@@ -278,7 +289,7 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
     zen = _zentorch_kernel(q32, s, g, copies)
     if zen is not None:
         out["zentorch"] = (zen, n * k // 2 + meta // 2)
-    deq = [(q.to(torch.uint8).clone(), s.clone(), z.clone()) for _ in range(copies)]
+    deq = [pl(q.to(torch.uint8).clone(), s.clone(), z.clone()) for _ in range(copies)]
 
     def dequant_bf16(x, i):
         qi, si, zi = deq[i]
@@ -287,9 +298,9 @@ def _kernels(n: int, k: int, g: int, copies: int) -> dict[str, tuple[Callable, i
 
     out["dequant_bf16"] = (dequant_bf16, n * k + meta)  # codes held one a byte here
     q8, s8 = quantize_int8(w)
-    i8 = [(q8.clone(), s8.clone()) for _ in range(max(2, -(-copies // 2)))]  # twice the bytes a copy
+    i8 = [pl(q8.clone(), s8.clone()) for _ in range(max(2, -(-copies // 2)))]  # twice the bytes a copy
     out["int8pack"] = (lambda x, i: torch.ops.aten._weight_int8pack_mm(x, *i8[i % len(i8)]), n * k + n * 2)
-    bf = [w.to(torch.bfloat16) for _ in range(max(2, -(-copies // 4)))]  # four times
+    bf = [pl(w.to(torch.bfloat16))[0] for _ in range(max(2, -(-copies // 4)))]  # four times
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
     return out, (w, q, s, z, w_sb)
 
@@ -383,6 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--copy-budget-mib", type=int, default=1536,
                     help="most MiB of weight copies per kernel and shape (decode rows)")
+    ap.add_argument("--huge-pages", action="store_true",
+                    help="place every kernel's weight copies (and the read's buffer) as cpu_int4 places its weights "
+                         "(transparent huge pages where allowed); default: where torch allocates them")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     import torch
@@ -396,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     llc = llc_bytes()
     read_bytes = max(ROTATION_BYTES, 4 * llc)
-    read = streaming_read(read_bytes)  # one buffer for the whole run
+    read = streaming_read(read_bytes, huge=args.huge_pages)  # one buffer for the whole run
     probe_start = cpu_speed_probe_s()
     samples = []
     results, failed = [], []
@@ -408,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = max(samples)
             print(f"read bandwidth {samples[-1]:.1f} GB/s, highest so far {ceiling:.1f} "
                   f"({args.threads} threads, {read_bytes >> 20} MiB buffer)", flush=True)
-            kernels, weights = _kernels(n, k, g, copies)
+            kernels, weights = _kernels(n, k, g, copies, huge=args.huge_pages)
             sqnr, bad = check(kernels, weights, k)
             for name, why in bad.items():
                 failed.append({"model": model, "layer": layer, "n": n, "k": k, "kernel": name, "reason": why})
@@ -454,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "read_bandwidth_samples_gbps": samples,
         "cpu_speed_probe_s": [probe_start, cpu_speed_probe_s()],  # before and after: the clock on a shared host
         "llc_bytes": llc,
+        "huge_pages": args.huge_pages,
         "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
         "versions": collect_versions(),
         "results": results,

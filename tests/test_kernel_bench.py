@@ -115,3 +115,12 @@ def test_the_table_quotes_the_paired_percent_and_only_rows_measured():
     art["results"] = [dict(row, pct_paired_read=131.0, above_read=True)]  # a cache, not memory: marked
     assert "| m | down_proj | 26.7 (131%)! |" in kernel_bench.table(art)
     assert "M=512" not in text and "M=16" not in text
+
+
+def test_huge_page_copies_give_the_same_results():
+    """--huge-pages moves every kernel's copies (huge_pages.place) and changes no result."""
+    kernels, weights = kernel_bench._kernels(64, 256, 64, copies=1, huge=True)
+    passed, failed = kernel_bench.check(kernels, weights, 256)
+    plain, _ = kernel_bench.check(*kernel_bench._kernels(64, 256, 64, copies=1), 256)
+    assert passed.keys() == plain.keys(), (passed, plain)
+    assert all(passed[k] == plain[k] or abs(passed[k] - plain[k]) < 1e-6 for k in plain), (passed, plain)  # inf: exact
