@@ -53,8 +53,8 @@ by half between seconds (17 to 52 GB/s in kernel_matrix-20261203T091646Z). At M 
 of a kernel is ``burst`` calls back to back on consecutive copies (at least ``BURST_BYTES``, 64 MiB, of
 weights), per-call time = total / ``burst``. ``pct_paired_read`` (M <= 16) is the median
 over rounds of the kernel's GB/s over the read's GB/s in the same round, the figure to quote; a cell
-above 100% (``above_read``, printed with a warning and marked ``!`` in the table) read a cache, not
-memory, and is not a result;
+above 100% (``above_read``, printed with a warning and marked ``!`` in the table: a cache read, or a
+host that slowed both reads of the round) is not a result;
 ``pct_ceiling`` divides by the highest read sample of the whole run (a lower bound). The artifact records
 the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
 AVX-VNNI, AVX2).
@@ -226,14 +226,14 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[st
     import torch
     import torch.nn.functional as F
 
-    from omni_quant import huge_pages
+    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+    from omni_quant import huge_pages, native
+    from omni_quant.quant_math import quantize, quantize_int8
+
+    one = huge_pages.place if huge else (lambda t: t)
 
     def pl(*ts):
-        return tuple(huge_pages.place(t) if huge else t for t in ts)
-
-    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
-    from omni_quant import native
-    from omni_quant.quant_math import quantize, quantize_int8
+        return tuple(map(one, ts))
 
     gen = torch.Generator().manual_seed(n * 7 + k)
     w = torch.randn(n, k, generator=gen) * 0.02
@@ -278,7 +278,7 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[st
         wn = _wna16_layout(q32)
         sc = s.t().contiguous()
         isa = "amx" if torch.cpu._is_amx_tile_supported() else "vec"
-        wns = [pl(wn.clone())[0] for _ in range(copies)]
+        wns = [one(wn.clone()) for _ in range(copies)]
 
         def wna16(x, i):
             y = torch.empty((x.shape[0], n), dtype=x.dtype)
@@ -300,7 +300,7 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[st
     q8, s8 = quantize_int8(w)
     i8 = [pl(q8.clone(), s8.clone()) for _ in range(max(2, -(-copies // 2)))]  # twice the bytes a copy
     out["int8pack"] = (lambda x, i: torch.ops.aten._weight_int8pack_mm(x, *i8[i % len(i8)]), n * k + n * 2)
-    bf = [pl(w.to(torch.bfloat16))[0] for _ in range(max(2, -(-copies // 4)))]  # four times
+    bf = [one(w.to(torch.bfloat16)) for _ in range(max(2, -(-copies // 4)))]  # four times
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
     return out, (w, q, s, z, w_sb)
 
@@ -346,7 +346,7 @@ def _wna16_layout(q32):
 
 def _cell(row: dict) -> str:
     """``GB/s (percent)``: of the read in the same rounds where measured, else of the run's ceiling; a
-    cell above the streaming read (``above_read``: timed from a cache) ends in ``!``."""
+    cell above the streaming read (``above_read``) ends in ``!``."""
     pct = row.get("pct_paired_read")
     mark = "!" if row.get("above_read") else ""
     return f"{row['gbps']:.1f} ({row['pct_ceiling'] if pct is None else pct:.0f}%){mark}"

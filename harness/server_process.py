@@ -69,32 +69,24 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             pass
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        if not _group_alive(proc):
+            break
         try:
             os.killpg(proc.pid, sig)
-        except ProcessLookupError:  # the group is empty: done
+        except ProcessLookupError:  # emptied since the check
             break
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5.0)
-        while time.monotonic() < deadline and _group_alive(proc.pid):
-            if proc.poll() is None:
-                try:
-                    proc.wait(timeout=0.1)
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                time.sleep(0.1)
-        if not _group_alive(proc.pid):
-            break
-    if proc.poll() is None:
-        proc.wait()
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.1)
+    proc.wait()
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of group ``pgid`` is still there (zombies of other parents included)."""
+def _group_alive(proc: subprocess.Popen) -> bool:
+    """Whether any process of ``proc``'s group is left (``proc`` reaped first: a zombie leader counts)."""
+    proc.poll()
     try:
-        os.killpg(pgid, 0)
+        os.killpg(proc.pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
     return True
