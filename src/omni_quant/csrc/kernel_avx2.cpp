@@ -245,48 +245,77 @@ inline void sb_consts(const uint8_t* p, SbConsts& c) {
   }
 }
 
+// Every super-block's constants are unpacked once per block and row tile, and its 2 KiB of codes stay
+// in L1 while all the tile's rows pass over them; the tile's float sums wait in memory (facc, 4 KiB)
+// between super-blocks. Against one pass over the block's super-blocks per 4 rows (constants unpacked
+// each time, codes reread from L2): 5-8% faster at M = 512 on Qwen2.5-1.5B's gate_up_proj and
+// down_proj, one Zen 3 core; the same at M = 1.
+constexpr int64_t kSbMaxTile = 64;
+constexpr int64_t kSbTileBytes = 256 * 1024;  // the tile's int8 activations: half a Zen 3 L2
+
+// Rows per tile for K input channels: kSbTileBytes of activations, 8..kSbMaxTile, a multiple of 4.
+int64_t sb_row_tile(int64_t k) {
+  const int64_t t = kSbTileBytes / k / 4 * 4;
+  return t < 8 ? 8 : t > kSbMaxTile ? kSbMaxTile : t;
+}
+
+// MR rows from r0, super-block s of block b: facc[r][0..15] += xs * (d * sum_j sc_j isum_j - dmin * sum_j m_j bsum_j).
 template <int MR>
-void sb_block_rows(const SbArgs& a, int64_t b, int64_t r0) {
+inline void sb_rows(const SbArgs& a, const SbConsts& c, const uint8_t* ws, int64_t r0, int64_t s, float* facc) {
   const int64_t k = a.k, sbs = k / kSuperBlock, subs = k / kSubBlock;
-  const uint8_t* wb = a.w + b * (k / 8) * 64;
-  const int8_t* x0 = a.xq + r0 * k;
   alignas(32) int32_t isum[MR][2][8];
+  const int8_t* x0 = a.xq + r0 * k + s * kSuperBlock;
+  if constexpr (MR == 4) {
+    group_sums4<4>(ws, x0, k, kSuperBlock / 8, isum, &c.sc16[0][0][0], 64);
+  } else {
+    group_sums<MR, 4>(ws, x0, k, kSuperBlock / 8, isum, &c.sc16[0][0][0]);
+  }
+  for (int r = 0; r < MR; ++r) {
+    const int16_t* bs = a.bsum + (r0 + r) * subs + s * 8;
+    __m256i ms[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int q = 0; q < 4; ++q) {
+      int32_t pair;
+      __builtin_memcpy(&pair, bs + 2 * q, 4);
+      const __m256i bp = _mm256_set1_epi32(pair);
+      ms[0] = _mm256_add_epi32(ms[0], _mm256_madd_epi16(c.mn16[q][0], bp));
+      ms[1] = _mm256_add_epi32(ms[1], _mm256_madd_epi16(c.mn16[q][1], bp));
+    }
+    const __m256 xs = _mm256_set1_ps(a.xs[(r0 + r) * sbs + s]);
+    for (int h = 0; h < 2; ++h) {
+      const __m256 t = _mm256_fmsub_ps(
+          c.d[h], _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(isum[r][h]))),
+          _mm256_mul_ps(c.dmin[h], _mm256_cvtepi32_ps(ms[h])));
+      float* f = facc + r * kBlockN + 8 * h;
+      _mm256_store_ps(f, _mm256_fmadd_ps(t, xs, _mm256_load_ps(f)));
+    }
+  }
+}
+
+// Rows [t0, t1) (at most kSbMaxTile) of output block b; facc: float [kSbMaxTile][16], 32-byte aligned.
+void sb_tile(const SbArgs& a, int64_t b, int64_t t0, int64_t t1, float* facc) {
+  const int64_t k = a.k, sbs = k / kSuperBlock, rows = t1 - t0;
+  for (int64_t i = 0; i < rows * kBlockN; i += 8) _mm256_store_ps(facc + i, _mm256_setzero_ps());
   SbConsts c;
-  __m256 facc[MR][2];
-  for (int r = 0; r < MR; ++r) facc[r][0] = facc[r][1] = _mm256_setzero_ps();
   for (int64_t s = 0; s < sbs; ++s) {
     sb_consts(a.sb + (b * sbs + s) * kSbBytes, c);
-    const uint8_t* ws = wb + s * (kSuperBlock / 8) * 64;
-    if constexpr (MR == 4) {
-      group_sums4<4>(ws, x0 + s * kSuperBlock, k, kSuperBlock / 8, isum, &c.sc16[0][0][0], 64);
-    } else {
-      group_sums<MR, 4>(ws, x0 + s * kSuperBlock, k, kSuperBlock / 8, isum, &c.sc16[0][0][0]);
-    }
-    for (int r = 0; r < MR; ++r) {
-      const int16_t* bs = a.bsum + (r0 + r) * subs + s * 8;
-      __m256i ms[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-      for (int q = 0; q < 4; ++q) {
-        int32_t pair;
-        __builtin_memcpy(&pair, bs + 2 * q, 4);
-        const __m256i bp = _mm256_set1_epi32(pair);
-        ms[0] = _mm256_add_epi32(ms[0], _mm256_madd_epi16(c.mn16[q][0], bp));
-        ms[1] = _mm256_add_epi32(ms[1], _mm256_madd_epi16(c.mn16[q][1], bp));
-      }
-      const __m256 xs = _mm256_set1_ps(a.xs[(r0 + r) * sbs + s]);
-      for (int h = 0; h < 2; ++h) {
-        const __m256 t = _mm256_fmsub_ps(
-            c.d[h], _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(isum[r][h]))),
-            _mm256_mul_ps(c.dmin[h], _mm256_cvtepi32_ps(ms[h])));
-        facc[r][h] = _mm256_fmadd_ps(t, xs, facc[r][h]);
-      }
+    const uint8_t* ws = a.w + b * (k / 8) * 64 + s * (kSuperBlock / 8) * 64;
+    int64_t r = t0;
+    for (; r + 4 <= t1; r += 4) sb_rows<4>(a, c, ws, r, s, facc + (r - t0) * kBlockN);
+    float* f = facc + (r - t0) * kBlockN;
+    switch (t1 - r) {
+      case 3: sb_rows<3>(a, c, ws, r, s, f); break;
+      case 2: sb_rows<2>(a, c, ws, r, s, f); break;
+      case 1: sb_rows<1>(a, c, ws, r, s, f); break;
+      default: break;
     }
   }
   const int64_t n0 = b * kBlockN;
-  __m256 bias0 = a.bias ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
-  __m256 bias1 = a.bias ? _mm256_loadu_ps(a.bias + n0 + 8) : _mm256_setzero_ps();
-  for (int r = 0; r < MR; ++r) {
-    const int64_t off = (r0 + r) * a.n + n0;
-    const __m256 y0 = _mm256_add_ps(facc[r][0], bias0), y1 = _mm256_add_ps(facc[r][1], bias1);
+  const __m256 bias0 = a.bias ? _mm256_loadu_ps(a.bias + n0) : _mm256_setzero_ps();
+  const __m256 bias1 = a.bias ? _mm256_loadu_ps(a.bias + n0 + 8) : _mm256_setzero_ps();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t off = (t0 + r) * a.n + n0;
+    const __m256 y0 = _mm256_add_ps(_mm256_load_ps(facc + r * kBlockN), bias0);
+    const __m256 y1 = _mm256_add_ps(_mm256_load_ps(facc + r * kBlockN + 8), bias1);
     if (a.out_bf16) {
       uint16_t* o = static_cast<uint16_t*>(a.out) + off;
       _mm_storeu_si128(reinterpret_cast<__m128i*>(o), f32x8_to_bf16(y0));
@@ -301,18 +330,11 @@ void sb_block_rows(const SbArgs& a, int64_t b, int64_t r0) {
 }  // namespace
 
 void gemm_sb_avx2(const SbArgs& a, int64_t b0, int64_t b1) {
-  for (int64_t t0 = 0; t0 < a.m; t0 += kRowTile) {
-    const int64_t t1 = t0 + kRowTile < a.m ? t0 + kRowTile : a.m;
-    for (int64_t b = b0; b < b1; ++b) {
-      int64_t r = t0;
-      for (; r + 4 <= t1; r += 4) sb_block_rows<4>(a, b, r);
-      switch (t1 - r) {
-        case 3: sb_block_rows<3>(a, b, r); break;
-        case 2: sb_block_rows<2>(a, b, r); break;
-        case 1: sb_block_rows<1>(a, b, r); break;
-        default: break;
-      }
-    }
+  const int64_t tile = sb_row_tile(a.k);
+  alignas(32) float facc[kSbMaxTile * kBlockN];
+  for (int64_t t0 = 0; t0 < a.m; t0 += tile) {
+    const int64_t t1 = t0 + tile < a.m ? t0 + tile : a.m;
+    for (int64_t b = b0; b < b1; ++b) sb_tile(a, b, t0, t1, facc);
   }
 }
 
