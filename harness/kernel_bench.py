@@ -58,6 +58,11 @@ host that slowed both reads of the round) is not a result;
 ``pct_ceiling`` divides by the highest read sample of the whole run (a lower bound). The artifact records
 the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX512-VNNI,
 AVX-VNNI, AVX2).
+
+``--huge-pages`` places every kernel's copies (and the read's buffer) as cpu_int4 places its weights
+in the engine (:func:`omni_quant.huge_pages.place`). Linux may still give a copy 4 KiB pages where it
+finds no free 2 MiB ones, so every row then records ``huge_share``: the share of the shape's placed bytes
+that came on huge pages when placed and after the rounds of that row count (:func:`huge_share`).
 """
 
 from __future__ import annotations
@@ -218,11 +223,13 @@ def _zentorch_kernel(q32, s, g: int, copies: int):
     return lambda x, i: torch.ops.zentorch.zentorch_woq_linear(x, packed[i], scale_t, zp_t, None)
 
 
-def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[str, tuple[Callable, int]]:
+def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False,
+             placed: list[int] | None = None) -> dict[str, tuple[Callable, int]]:
     """``({kernel name: (call(x, copy index), bytes of one weight copy)}, (w, q, s, z))``: the
     kernels and the float weight ``[N, K]`` with its codes, scales and zeros. With ``huge``, every
     kernel's weight copies are placed as cpu_int4 places its weights in the engine
-    (:func:`omni_quant.huge_pages.place`: transparent huge pages where the kernel allows them)."""
+    (:func:`omni_quant.huge_pages.place`: transparent huge pages where the kernel allows them), and
+    ``placed`` (if given) receives the bytes of each tensor that was moved."""
     import torch
     import torch.nn.functional as F
 
@@ -230,7 +237,13 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[st
     from omni_quant import huge_pages, native
     from omni_quant.quant_math import quantize, quantize_int8
 
-    one = huge_pages.place if huge else (lambda t: t)
+    def one(t):
+        if not huge:
+            return t
+        p = huge_pages.place(t)
+        if placed is not None and p is not t:
+            placed.append(p.numel() * p.element_size())
+        return p
 
     def pl(*ts):
         return tuple(map(one, ts))
@@ -305,6 +318,27 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False) -> dict[st
     return out, (w, q, s, z, w_sb)
 
 
+def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
+    """Bytes of this process's anonymous memory on transparent huge pages (``AnonHugePages`` of
+    ``/proc/self/smaps_rollup``), or None where the file or the field is absent."""
+    try:
+        for line in rollup.read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def huge_share(before: int | None, after: int | None, placed: list[int]) -> float | None:
+    """The share of ``placed`` bytes that came on huge pages: the growth of :func:`anon_huge_bytes`
+    between ``before`` and ``after`` over their sum (None without a reading or without placed bytes).
+    Approximate: khugepaged may collapse or the kernel split other huge pages of the process meanwhile."""
+    if before is None or after is None or not sum(placed):
+        return None
+    return (after - before) / sum(placed)
+
+
 def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, str]]:
     """Each kernel on 4 rows against its reference (the dequantized weight; ``bf16``: the float
     weight): ``({name: sqnr_db}, {name: reason})`` for the kernels that pass and those that raise
@@ -342,6 +376,10 @@ def _wna16_layout(q32):
     n, k = q32.shape
     packed = pack_quantized_values_into_int32(q32.t().contiguous(), scalar_types.uint4b8, 1)  # [K, N/8]
     return packed.view(k, -1, 2).permute(1, 0, 2).reshape(-1, k * 2).contiguous()
+
+
+def _pct(share: float | None) -> str:
+    return "unknown" if share is None else f"{100 * share:.0f}%"
 
 
 def _cell(row: dict) -> str:
@@ -422,7 +460,10 @@ def main(argv: list[str] | None = None) -> int:
             ceiling = max(samples)
             print(f"read bandwidth {samples[-1]:.1f} GB/s, highest so far {ceiling:.1f} "
                   f"({args.threads} threads, {read_bytes >> 20} MiB buffer)", flush=True)
-            kernels, weights = _kernels(n, k, g, copies, huge=args.huge_pages)
+            placed: list[int] = []
+            huge_before = anon_huge_bytes()
+            kernels, weights = _kernels(n, k, g, copies, huge=args.huge_pages, placed=placed)
+            shares = [huge_share(huge_before, anon_huge_bytes(), placed)]
             sqnr, bad = check(kernels, weights, k)
             for name, why in bad.items():
                 failed.append({"model": model, "layer": layer, "n": n, "k": k, "kernel": name, "reason": why})
@@ -437,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
                 per_round, reads = interleaved_us(calls, args.repeats, n_copies, read if memory_bound else None,
                                                   share=copy_set, burst=burst)
                 samples.extend(reads)
+                shares = shares[:1] + [huge_share(huge_before, anon_huge_bytes(), placed)]
+                if args.huge_pages:
+                    print(f"  weight copies on huge pages: {_pct(shares[0])} when placed, {_pct(shares[1])} after "
+                          f"the M={m} rounds ({sum(placed) >> 20} MiB placed)", flush=True)
                 for name, (_fn, nbytes) in kernels.items():
                     us = statistics.median(per_round[name])
                     gbps = nbytes / (us * 1e-6) / GB
@@ -448,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "kernel": name, "us": us, "gbps": gbps, "pct_ceiling": None,
                                     "pct_paired_read": None if paired is None else 100 * paired,
                                     "above_read": suspect, "weight_bytes": nbytes, "copies": n_copies,
-                                    "burst": burst, "sqnr_db": sqnr[name]})
+                                    "burst": burst, "sqnr_db": sqnr[name], "huge_share": shares})
                     print(f"{model:20s} {layer:13s} {n:6d}x{k:<5d} M={m:<4d} {name:13s} {us:10.1f} us "
                           f"{gbps:6.1f} GB/s" + (f" {100 * paired:5.1f}% of the read in its rounds" if reads else ""),
                           flush=True)

@@ -124,3 +124,25 @@ def test_huge_page_copies_give_the_same_results():
     plain, _ = kernel_bench.check(*kernel_bench._kernels(64, 256, 64, copies=1), 256)
     assert passed.keys() == plain.keys(), (passed, plain)
     assert all(passed[k] == plain[k] or abs(passed[k] - plain[k]) < 1e-6 for k in plain), (passed, plain)  # inf: exact
+
+
+def test_huge_share_reads_anon_huge_pages_and_counts_the_placed_copies(tmp_path):
+    """The diagnostic of a kernel that swings between runs: how much of its copies sat on huge pages."""
+    rollup = tmp_path / "smaps_rollup"
+    rollup.write_text("Rss:              409600 kB\nAnonHugePages:    204800 kB\nSwap: 0 kB\n")
+    assert kernel_bench.anon_huge_bytes(rollup) == 200 << 20
+    assert kernel_bench.anon_huge_bytes(tmp_path / "absent") is None
+    rollup.write_text("Rss: 1 kB\n")
+    assert kernel_bench.anon_huge_bytes(rollup) is None
+    assert kernel_bench.huge_share(10 << 20, 60 << 20, [50 << 20, 50 << 20]) == 0.5
+    assert kernel_bench.huge_share(None, 1, [1]) is None and kernel_bench.huge_share(0, 1, []) is None
+    placed: list[int] = []
+    kernel_bench._kernels(256, 1024, 64, copies=1, huge=True, placed=placed)
+    from omni_quant import huge_pages
+    if huge_pages.thp_mode() in ("always", "madvise"):  # int4pack's codes alone are 128 KiB
+        assert placed and min(placed) >= huge_pages.MIN_BYTES
+    else:
+        assert placed == []
+    unplaced: list[int] = []
+    kernel_bench._kernels(256, 1024, 64, copies=1, placed=unplaced)
+    assert unplaced == []
