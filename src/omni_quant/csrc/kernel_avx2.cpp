@@ -247,9 +247,9 @@ inline void sb_consts(const uint8_t* p, SbConsts& c) {
 
 // Every super-block's constants are unpacked once per block and row tile, and its 2 KiB of codes stay
 // in L1 while all the tile's rows pass over them; the tile's float sums wait in memory (facc, 4 KiB)
-// between super-blocks. Against one pass over the block's super-blocks per 4 rows (constants unpacked
-// each time, codes reread from L2): 5-8% faster at M = 512 on Qwen2.5-1.5B's gate_up_proj and
-// down_proj, one Zen 3 core; the same at M = 1.
+// between super-blocks. Against one pass over the block's super-blocks per 4 rows (kernel revision 7:
+// constants unpacked each time, codes reread from L2) it is faster at prefill and the same at M = 1
+// (docs/cpu_int4.md, the kernel matrix).
 constexpr int64_t kSbMaxTile = 64;
 constexpr int64_t kSbTileBytes = 256 * 1024;  // the tile's int8 activations: half a Zen 3 L2
 

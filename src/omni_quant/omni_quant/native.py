@@ -57,14 +57,15 @@ BLOCK_N = 16
 SUPER_BLOCK = 256
 """Input channels of a super-block (the super-block layout: 8 sub-blocks of 32)."""
 SB_BYTES = 320
-KERNEL_REVISION = 7
+KERNEL_REVISION = 8
 """Bumped when the compiled kernels change speed or results: part of the key of cached
 measurements (:mod:`omni_quant.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
 int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
 quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
 accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows.
 6: the super-block layout (:func:`linear_super_blocks`). 7: its AVX-512 VNNI kernel; AVX-512
-dequantization 32 input channels a step (both layouts)."""
+dequantization 32 input channels a step (both layouts). 8: the AVX2 super-block kernel takes each
+super-block once per block and row tile (constants unpacked once, codes L1-resident across the tile)."""
 
 
 def available() -> bool:
