@@ -135,7 +135,7 @@ def test_super_blocks_serve_a_real_model_batched_equal_to_alone(q4k_model_dir, i
     from omni_quant import native
 
     if native.available():
-        assert "[576 x 1536] super-blocks of 256: omni W4A8 kernel" in run.log
+        assert f"[576 x 1536] super-blocks of 256: omni W4A8 kernel ({native.super_block_isa()})" in run.log
     assert run["alone_token_ids"] == run["token_ids"]
     first = [a[0] == b[0] for a, b in zip(run["token_ids"], int4_run["token_ids"], strict=True)]
     assert sum(first) >= 6, (run["texts"], int4_run["texts"])

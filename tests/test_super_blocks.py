@@ -203,6 +203,15 @@ def test_the_avx512_kernel_equals_the_avx2_one_bit_for_bit(m):
 
 
 @needs_kernel
+def test_the_logged_super_block_kernel_is_the_one_this_cpu_runs():
+    """The load log names the super-block kernel (config._log_choice): AVX-512 VNNI CPUs run their own,
+    every other AVX2 CPU the AVX2 one (kernel revision 7 logged "avx2" on AVX-512 CPUs too)."""
+    want = ("avx512vnni" if "avx512vnni" in ISAS else "avx2" if "avx2" in ISAS else "scalar")
+    assert native.super_block_isa() == want
+    assert want in ISAS
+
+
+@needs_kernel
 def test_the_prefill_path_dequantizes_and_runs_a_bf16_gemm():
     w0, gen = _weights(64, 512, 6)
     parts = super_blocks.quantize(w0)

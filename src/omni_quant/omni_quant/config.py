@@ -59,9 +59,7 @@ def _log_choice(n: int, k: int, group_size: int, choice: Choice, layout: str = "
     if choice.kernel == "native":
         prefill = (f"prefill: dequantize + bf16 GEMM from {choice.dequant_min_rows} rows"
                    if choice.dequant_min_rows else "prefill: the same kernel")
-        isa = native.best_isa()
-        if layout == "super_blocks" and isa != "scalar":
-            isa = "avx2"  # the super-block kernel's vector path on every AVX2 CPU
+        isa = native.super_block_isa() if layout == "super_blocks" else native.best_isa()
         logger.info("omni-quant: cpu_int4 [%d x %d] %s: omni W4A8 kernel (%s); %s (%s); "
                     "override with OMNI_INT4_KERNEL / OMNI_INT4_DEQUANT_MIN_ROWS",
                     n, k, scheme, isa, prefill, choice.reason)

@@ -88,6 +88,17 @@ def best_isa() -> str | None:
     return _w4a8.best_isa() if _w4a8 else None
 
 
+def super_block_isa() -> str | None:
+    """The super-block kernel ``linear_super_blocks(isa="auto")`` runs on this CPU, or None without the
+    compiled kernel: ``avx512vnni`` on AVX-512 VNNI CPUs, ``avx2`` on every other AVX2 CPU (AVX-VNNI
+    ones included: no super-block kernel of their own), else ``scalar``. Mirrors ``sb_gemm`` in
+    ``csrc/ops.cpp``."""
+    isa = best_isa()
+    if isa is None or isa in ("avx512vnni", "scalar"):
+        return isa
+    return "avx2"
+
+
 def supports_shape(n: int, k: int, group_size: int) -> bool:
     """Whether an ``[N, K]`` weight fits the kernel: N a multiple of 16, group_size a multiple of 16
     (at most 256) dividing K."""
