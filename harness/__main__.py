@@ -1,9 +1,9 @@
 """One entry point for the harness: ``python -m harness COMMAND [ARGS]`` (from the repository).
 
-Commands: ``bench`` (harness.bench_harness), ``results`` (harness.results), ``models``
-(harness.models), ``fidelity`` (harness.fidelity), ``ledger`` (harness.memory_ledger),
-``profile`` (harness.profile_step), ``kernels`` (harness.kernel_bench), ``pages``
-(harness.page_bench), ``demo`` (harness.demo), ``bpw`` (harness.bpw),
+Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results), ``models``
+(harness.models.registry), ``fidelity`` (harness.models.fidelity), ``ledger`` (harness.memory.ledger),
+``profile`` (harness.memory.profile), ``kernels`` (harness.kernels.matrix), ``pages``
+(harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw),
 and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``, ``run-openvino``.
 """
 
@@ -13,19 +13,19 @@ import importlib
 import sys
 
 COMMANDS = {
-    "bench": "harness.bench_harness",
-    "results": "harness.results",
-    "models": "harness.models",
-    "fidelity": "harness.fidelity",
-    "ledger": "harness.memory_ledger",
-    "profile": "harness.profile_step",
-    "kernels": "harness.kernel_bench",
-    "pages": "harness.page_bench",
+    "bench": "harness.grid.bench",
+    "results": "harness.artifacts.results",
+    "models": "harness.models.registry",
+    "fidelity": "harness.models.fidelity",
+    "ledger": "harness.memory.ledger",
+    "profile": "harness.memory.profile",
+    "kernels": "harness.kernels.matrix",
+    "pages": "harness.kernels.pages",
     "demo": "harness.demo",
-    "bpw": "harness.bpw",
-    "run-vllm": "harness.run_vllm",
-    "run-llamacpp": "harness.run_llamacpp",
-    "run-openvino": "harness.run_openvino",
+    "bpw": "harness.models.bpw",
+    "run-vllm": "harness.arms.vllm",
+    "run-llamacpp": "harness.arms.llamacpp",
+    "run-openvino": "harness.arms.openvino",
 }
 
 

@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.models import REPO_ROOT, fetch
-from harness.server_process import free_port, stop_group, wait_healthy
+from harness.arms.server_process import free_port, stop_group, wait_healthy
+from harness.models.registry import REPO_ROOT, fetch
 
 __all__ = ["main"]
 
@@ -30,9 +30,9 @@ PROMPT = "Write two sentences about why small language models are useful on lapt
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; returns 0 when the model answered, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m harness.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness demo", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-int4",
-                        help="a harness.models name (default: the cpu_int4 checkpoint)")
+                        help="a harness.models.registry name (default: the cpu_int4 checkpoint)")
     parser.add_argument("--prompt", default=PROMPT)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server")

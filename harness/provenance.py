@@ -18,6 +18,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from harness import REPO
+
 __all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "checkpoint_fingerprint", "collect", "cpu_speed_probe_s",
            "git_state", "missing_keys"]
 
@@ -38,8 +40,6 @@ def cpu_speed_probe_s(repeats: int = 5) -> float:
             x = (x + i * 7) & 0xFFFFFFFF
         best = min(best, time.perf_counter() - t)
     return best
-
-REPO = Path(__file__).resolve().parent.parent
 
 KEYS: dict[str, str] = {
     "git_sha": "str: commit of the harness",

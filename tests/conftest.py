@@ -70,7 +70,7 @@ def run_engine(config: dict[str, Any], env: dict[str, str], prefix: list[str] | 
 @pytest.fixture(scope="session")
 def real_model() -> Path:
     """The bf16 SmolLM2-135M checkpoint (fetched once; idempotent)."""
-    from harness.models import fetch
+    from harness.models.registry import fetch
 
     return fetch("smollm2-135m")
 
@@ -85,7 +85,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def int4_model_dir(real_model) -> Path:
-    """SmolLM2-135M converted to cpu_int4 (harness.models, cached)."""
-    from harness.models import fetch
+    """SmolLM2-135M converted to cpu_int4 (harness.models.registry, cached)."""
+    from harness.models.registry import fetch
 
     return fetch("smollm2-135m-int4")

@@ -4,7 +4,7 @@
 import re
 from pathlib import Path
 
-from harness.results import TABLE_BEGIN, render_docs
+from harness.artifacts.results import TABLE_BEGIN, render_docs
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -33,7 +33,7 @@ def test_a_fidelity_table_row_is_the_artifacts_own_numbers(tmp_path):
 
     import pytest
 
-    from harness.results import fidelity_table
+    from harness.artifacts.results import fidelity_table
 
     art = "harness/results/fidelity_smollm2-135m-q4-head8-20261201T165508Z.json"
     data = json.loads((REPO / art).read_text())

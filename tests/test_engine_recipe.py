@@ -1,9 +1,9 @@
-"""harness.engine: one recipe, two layouts; vLLM's own CLI parser reads the serve arguments back to
+"""harness.models.recipe: one recipe, two layouts; vLLM's own CLI parser reads the serve arguments back to
 the same engine settings as the vllm.LLM keyword arguments."""
 
 import pytest
 
-from harness.engine import EngineRecipe
+from harness.models.recipe import EngineRecipe
 
 
 @pytest.mark.parametrize("recipe", [

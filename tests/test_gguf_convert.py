@@ -20,7 +20,7 @@ OMNI_QUANT = str(Path(sys.executable).with_name("omni-quant"))
 
 @pytest.fixture(scope="module")
 def smollm2_gguf() -> Path:
-    from harness.models import gguf_path
+    from harness.models.registry import gguf_path
 
     return gguf_path("smollm2-135m")
 
@@ -123,7 +123,7 @@ def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smoll
     log line comes before vLLM starts, so the second server is stopped once it has said so)."""
     import time
 
-    from harness.server_process import free_port, stop_group, wait_healthy
+    from harness.arms.server_process import free_port, stop_group, wait_healthy
 
     port, cache = free_port(), tmp_path / "cache"
     logs = []

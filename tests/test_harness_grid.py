@@ -1,4 +1,4 @@
-"""bench_harness.py end to end with synthetic arms: tiny Python commands that print JSON."""
+"""harness.grid.bench end to end with synthetic arms: tiny Python commands that print JSON."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import guard
+from harness.grid import guard
 from harness.provenance import KEYS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,7 +222,7 @@ def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
                            "--out", str(out), "--allow-busy", *extra], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
     assert proc.returncode == 2, proc.stderr
-    assert "bench_harness: error:" in proc.stderr and "Traceback" not in proc.stderr
+    assert "harness bench: error:" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists(), "no arm may run before the arguments are known good"
 
 

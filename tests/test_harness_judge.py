@@ -4,9 +4,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from harness.bench_harness import check_expectations, rotation
-from harness.judge import judge, summarize
-from harness.metrics import METRICS, Direction, UnknownMetricError, get_metric
+from harness.grid.bench import check_expectations, rotation
+from harness.grid.judge import judge, summarize
+from harness.grid.metrics import METRICS, Direction, UnknownMetricError, get_metric
 
 
 def test_rotation_is_pinned():
@@ -42,13 +42,13 @@ def test_clear_gap_is_ranked_by_direction():
 def test_gap_inside_the_spread_is_not_a_ranking_and_names_the_profiler():
     m = get_metric("tg_tps")
     v = judge([summarize("a", [40.0, 60.0], 0, m), summarize("b", [45.0, 56.0], 0, m)], m)
-    assert v.ranking is None and "profile_step" in v.text
+    assert v.ranking is None and "harness profile" in v.text
 
 
 def test_memory_inside_the_noise_names_the_memory_ledger():
     m = get_metric("rss_anon_tree_mb")
     v = judge([summarize("a", [1000.0, 1001.0], 0, m), summarize("b", [1002.0, 1003.0], 0, m)], m)
-    assert v.ranking is None and "memory_ledger" in v.text and "profile_step" not in v.text
+    assert v.ranking is None and "harness ledger" in v.text and "harness profile" not in v.text
 
 
 @given(
@@ -141,7 +141,7 @@ def _artifact(tmp_path, fmt=2):
 def test_rejudge_judges_every_metric_and_names_what_is_measured_differently(tmp_path):
     import json
 
-    from harness.results import rejudge
+    from harness.artifacts.results import rejudge
 
     path = _artifact(tmp_path, fmt=1)
     verdicts = rejudge(path, write=True)
@@ -153,7 +153,7 @@ def test_rejudge_judges_every_metric_and_names_what_is_measured_differently(tmp_
 
 
 def test_an_artifact_of_an_unknown_format_is_refused(tmp_path):
-    from harness.results import main
+    from harness.artifacts.results import main
 
     assert main(["rejudge", str(_artifact(tmp_path, fmt=99))]) == 2
 
@@ -162,7 +162,7 @@ def test_the_plot_marks_panels_it_did_not_judge(tmp_path, monkeypatch):
     """A format-1 artifact judged only its first metric: the other panel says NOT JUDGED."""
     import json
 
-    from harness import results
+    from harness.artifacts import results
 
     path = _artifact(tmp_path, fmt=1)
     data = json.loads(path.read_text())

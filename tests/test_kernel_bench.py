@@ -1,4 +1,4 @@
-"""harness.kernel_bench's correctness gate: every candidate is checked against its reference before
+"""harness.kernels.matrix's correctness gate: every candidate is checked against its reference before
 it is timed, and a kernel that raises or returns garbage is named with the reason, not timed."""
 
 import math
@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from harness import kernel_bench
+from harness.kernels import matrix as kernel_bench
+from harness.memory.tree import anon_huge_bytes
 from omni_quant import native
 from omni_quant.quant_math import quantize
 
@@ -41,7 +42,7 @@ def test_symmetric_kernels_are_judged_against_zero_point_8():
 @pytest.mark.parametrize("model", sorted(kernel_bench.SHAPES))
 def test_shapes_are_the_models_linears(model):
     """The shapes the matrix times are the real models' (one decoder layer's linears and the head)."""
-    from harness.models import MODELS
+    from harness.models.registry import MODELS
 
     layers = {name: (n, k) for name, n, k, _ in kernel_bench.SHAPES[model]}
     assert set(layers) == {"qkv_proj", "o_proj", "gate_up_proj", "down_proj", "lm_head"}
@@ -130,10 +131,10 @@ def test_huge_share_reads_anon_huge_pages_and_counts_the_placed_copies(tmp_path)
     """The diagnostic of a kernel that swings between runs: how much of its copies sat on huge pages."""
     rollup = tmp_path / "smaps_rollup"
     rollup.write_text("Rss:              409600 kB\nAnonHugePages:    204800 kB\nSwap: 0 kB\n")
-    assert kernel_bench.anon_huge_bytes(rollup) == 200 << 20
-    assert kernel_bench.anon_huge_bytes(tmp_path / "absent") is None
+    assert anon_huge_bytes(rollup) == 200 << 20
+    assert anon_huge_bytes(tmp_path / "absent") is None
     rollup.write_text("Rss: 1 kB\n")
-    assert kernel_bench.anon_huge_bytes(rollup) is None
+    assert anon_huge_bytes(rollup) is None
     assert kernel_bench.huge_share(10 << 20, 60 << 20, [50 << 20, 50 << 20]) == 0.5
     assert kernel_bench.huge_share(None, 1, [1]) is None and kernel_bench.huge_share(0, 1, []) is None
     placed: list[int] = []

@@ -1,10 +1,10 @@
-"""RssAnon over a process tree (harness.memory)."""
+"""RssAnon over a process tree (harness.memory.tree)."""
 
 import os
 import subprocess
 import sys
 
-from harness.memory import rss_anon_bytes, tree_memory
+from harness.memory.tree import rss_anon_bytes, tree_memory
 
 MiB = 1 << 20
 

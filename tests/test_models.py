@@ -1,4 +1,4 @@
-"""harness.models: the real model offline, and its bad inputs."""
+"""harness.models.registry: the real model offline, and its bad inputs."""
 
 import json
 import shutil
@@ -7,19 +7,19 @@ import sys
 
 import pytest
 
-from harness import models
-from harness.models import MANIFEST, ModelError, convert_gguf, fetch, gguf_path
+from harness.models import registry as models
+from harness.models.registry import MANIFEST, ModelError, convert_gguf, fetch, gguf_path
 
 
 def test_unknown_name_is_a_clear_error_with_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "harness.models", "fetch", "llama-9000"],
+    proc = subprocess.run([sys.executable, "-m", "harness.models.registry", "fetch", "llama-9000"],
                           capture_output=True, text=True, cwd=models.REPO_ROOT)
     assert proc.returncode == 2
     assert "unknown model 'llama-9000'" in proc.stderr and "smollm2-135m" in proc.stderr
 
 
 def test_path_gguf_prints_the_shipped_file():
-    proc = subprocess.run([sys.executable, "-m", "harness.models", "path", "smollm2-135m", "--gguf"],
+    proc = subprocess.run([sys.executable, "-m", "harness.models.registry", "path", "smollm2-135m", "--gguf"],
                           capture_output=True, text=True, cwd=models.REPO_ROOT)
     assert proc.returncode == 0
     assert proc.stdout.strip().endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -36,7 +36,7 @@ def test_fetch_is_idempotent_and_has_a_manifest(real_model):
 
 
 def test_fetch_path_prints_directory_as_last_line(real_model):
-    proc = subprocess.run([sys.executable, "-m", "harness.models", "fetch", "smollm2-135m"],
+    proc = subprocess.run([sys.executable, "-m", "harness.models.registry", "fetch", "smollm2-135m"],
                           capture_output=True, text=True, cwd=models.REPO_ROOT)
     assert proc.returncode == 0
     assert proc.stdout.strip().splitlines()[-1] == str(real_model)

@@ -1,4 +1,4 @@
-"""harness.page_bench: the A/B of decode's weight reads on 4 KiB and huge pages, on a tiny model."""
+"""harness.kernels.pages: the A/B of decode's weight reads on 4 KiB and huge pages, on a tiny model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from harness import kernel_bench, page_bench
+from harness.kernels import matrix as kernel_bench
+from harness.kernels import pages as page_bench
 from omni_quant import native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the omni W4A8 kernel is not built")

@@ -49,10 +49,10 @@ def test_a_gone_process_is_an_os_error(proc):
 
 
 def test_tree_memory_refuses_a_live_process_it_cannot_read(monkeypatch):
-    """harness.memory: a live process without RssAnon fails the measurement (C07), naming the pid."""
+    """harness.memory.tree: a live process without RssAnon fails the measurement (C07), naming the pid."""
     import os
 
-    from harness import memory
+    from harness.memory import tree as memory
 
     def no_field(field, pid="self"):
         raise procfs.ProcFieldMissing(f"/proc/{pid}/status has no {field} line")

@@ -84,7 +84,7 @@ def test_output_head_runs_in_4_bits_with_no_bf16_copy(int4_run):
 
 
 def test_fidelity_against_bf16(real_model, int4_model_dir):
-    proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "--ref", str(real_model),
+    proc = subprocess.run([sys.executable, "-m", "harness.models.fidelity", "--ref", str(real_model),
                            "--test", str(int4_model_dir)],
                           env=clean_env(VLLM_PLUGINS="omni"), capture_output=True, text=True, timeout=1800, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]

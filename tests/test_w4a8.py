@@ -1,11 +1,11 @@
-"""harness.vllm_w4a8: vLLM's W4A8 CPU kernel with cpu_int4's float zeros, against dequantize-then-matmul."""
+"""harness.kernels.vllm_w4a8: vLLM's W4A8 CPU kernel with cpu_int4's float zeros, against dequantize-then-matmul."""
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+from harness.kernels.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 from omni_quant.quant_math import quantize, reference_linear, sqnr_db
 
 pytestmark = pytest.mark.skipif(not w4a8_available(), reason="this vLLM build ships no _C.int4_scaled_mm_cpu")

@@ -9,8 +9,8 @@ casts around it are ordinary traced tensor ops.
 
 Kernel: ``aten._weight_int4pack_mm_for_cpu`` reads the 4-bit weights directly for any
 number of rows. The prefill alternative (dequantize to bf16, then GEMM) was measured
-slower at every M from 1 to 512 on an AVX2 machine (``harness/kernel_switch.py``); on
-CPUs with AVX512-BF16 the ranking can reverse at large M (issue 10 measures it).
+slower at every M from 1 to 512 on an AVX2 machine (by ``harness/kernel_switch.py``, since removed:
+see git history); on CPUs with AVX512-BF16 the ranking can reverse at large M (issue 10 measures it).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decode's weight reads on 4 KiB pages against transparent huge pages, A/B interleaved in one process.
 
-One decode step of a model is its linear layers at M = 1 (:data:`harness.kernel_bench.SHAPES`, one
+One decode step of a model is its linear layers at M = 1 (:data:`harness.kernels.matrix.SHAPES`, one
 decoder layer's linears times the model's layer count, then the head), in the super-block layout
 (:func:`omni_quant.native.linear_super_blocks`, random codes and scales: the time does not depend
 on the values). Two copies of the step's weights: one where torch allocated them (4 KiB pages unless
@@ -24,6 +24,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from harness import RESULTS_DIR
+
 __all__ = ["LAYERS", "main", "step_weights"]
 
 LAYERS = {"qwen2.5-coder-1.5b": 28, "smollm2-135m": 30}
@@ -40,7 +42,7 @@ def step_weights(model: str, seed: int = 0) -> list[tuple[int, torch.Tensor, tor
     """
     import torch
 
-    from harness.kernel_bench import SHAPES
+    from harness.kernels.matrix import SHAPES
     from omni_quant import native
 
     gen = torch.Generator().manual_seed(seed)
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
         "versions": collect_versions(),
     }
-    out = args.out or Path(__file__).resolve().parent / "results" / (
+    out = args.out or RESULTS_DIR / (
         "huge_pages_gemv-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(artifact, indent=1))

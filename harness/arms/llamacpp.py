@@ -1,9 +1,9 @@
 """Arm runner: llama.cpp through ``llama-cpp-python`` on the GGUF, the CPU user's baseline.
 
-    python harness/run_llamacpp.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
+    python harness/arms/llamacpp.py --model smollm2-135m [--prompt-len 512] [--gen-len 128]
         [--context-len 16]
 
-The same metrics as ``run_vllm.py`` where llama.cpp has them, measured the way
+The same metrics as ``harness.arms.vllm`` where llama.cpp has them, measured the way
 llama-bench does: ``pp_tps`` = ``prompt_len`` / seconds to evaluate the prompt in one
 batch; ``tg_tps`` = ``gen_len`` / seconds to decode ``gen_len`` tokens one at a time
 (greedy: argmax of the last logits) after a ``context_len``-token prompt;
@@ -37,8 +37,8 @@ MiB = 1 << 20
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="run_llamacpp.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a harness.models name or a .gguf file")
+    ap = argparse.ArgumentParser(prog="python -m harness run-llamacpp", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a harness.models.registry name or a .gguf file")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--context-len", type=int, default=16)
@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="no multi-token batch: feed the context token by token, report no pp_tps")
     args = ap.parse_args(argv)
 
-    from harness.memory import tree_memory
-    from harness.models import MODELS, gguf_path
+    from harness.memory.tree import tree_memory
+    from harness.models.registry import MODELS, gguf_path
     from harness.provenance import checkpoint_fingerprint
 
     try:

@@ -1,6 +1,6 @@
 """Arm runner: OpenVINO GenAI with int4 weights, the other runtime CPU users pick besides llama.cpp.
 
-    .venv-ov/bin/python harness/run_openvino.py --model qwen2.5-coder-1.5b [--prompt-len 512]
+    .venv-ov/bin/python harness/arms/openvino.py --model qwen2.5-coder-1.5b [--prompt-len 512]
         [--gen-len 128] [--context-len 16]
 
 Runs in a virtual environment of its own (``make ov-setup``: openvino-genai, optimum-intel,
@@ -11,7 +11,7 @@ int4 asymmetric at group size 128 for the 196 linear layers of the decoder, int8
 for the embedding and the output head, as the export prints). The IR lives at
 ``<model cache>/<model>-ov-int4``.
 
-Metrics, the way ``run_llamacpp.py`` measures them: ``pp_tps`` = ``prompt_len`` / time to the
+Metrics, the way ``harness.arms.llamacpp`` measures them: ``pp_tps`` = ``prompt_len`` / time to the
 first token of a ``prompt_len``-token prompt (one prefill; OpenVINO GenAI's TTFT);
 ``tg_tps`` = 1000 / mean time per output token (TPOT, ms) over ``gen_len`` greedy tokens
 after a ``context_len``-token prompt, EOS ignored; ``rss_anon_tree_mb`` = RssAnon of this
@@ -34,15 +34,15 @@ MiB = 1 << 20
 
 
 def ir_dir(model: str) -> Path:
-    """Where ``make ov-model`` puts the OpenVINO IR of ``model`` (a harness.models name)."""
-    from harness.models import default_cache_dir
+    """Where ``make ov-model`` puts the OpenVINO IR of ``model`` (a harness.models.registry name)."""
+    from harness.models.registry import default_cache_dir
 
     return default_cache_dir() / f"{model}-ov-int4"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="run_openvino.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a harness.models name (its IR from make ov-model)")
+    ap = argparse.ArgumentParser(prog="python -m harness run-openvino", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a model name (IR: make ov-model)")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--context-len", type=int, default=16)
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         print("run_openvino: openvino-genai is not importable; run it with .venv-ov/bin/python after "
               "`make ov-setup`", file=sys.stderr)
         return 2
-    from harness.memory import tree_memory
+    from harness.memory.tree import tree_memory
 
     path = ir_dir(args.model)
     if not (path / "openvino_model.xml").is_file():

@@ -22,8 +22,9 @@ from pathlib import Path
 __all__ = ["KNOWN_FORMATS", "compare", "list_results", "main", "plot", "rejudge", "render_docs", "retract",
            "supersede", "table"]
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-KNOWN_FORMATS = (1, 2)  # harness/bench_harness.py FORMAT_VERSION's history
+from harness import RESULTS_DIR
+
+KNOWN_FORMATS = (1, 2)  # harness/grid/bench.py FORMAT_VERSION's history
 
 
 def _load(path: Path) -> dict:
@@ -68,8 +69,8 @@ def table(path: Path, metrics: list[str] | None = None, source: str | None = Non
     has none; ``n=1`` marked), then the judge's verdict for each metric, each naming the artifact
     (``source``, default ``path``) on its own line, and the artifact's labels.
     The only way figures enter README and docs (``docs`` regenerates them; a test compares)."""
-    from harness.judge import judge_runs
-    from harness.metrics import get_metric
+    from harness.grid.judge import judge_runs
+    from harness.grid.metrics import get_metric
 
     data = _load(path)
     names = metrics or data["metrics"]
@@ -164,8 +165,8 @@ def compare(path: Path, metric: str, a: str, b: str) -> dict:
     Raises:
         ValueError: not a bench artifact, the metric was not summarized, or an arm is not in it.
     """
-    from harness.judge import judge_runs
-    from harness.metrics import get_metric
+    from harness.grid.judge import judge_runs
+    from harness.grid.metrics import get_metric
 
     data = _load(path)
     if data.get("kind") != "bench" or metric not in data.get("metrics", []):
@@ -187,8 +188,8 @@ def rejudge(path: Path, write: bool = False) -> dict[str, dict]:
     Raises:
         ValueError: not a bench artifact.
     """
-    from harness.judge import judge_runs
-    from harness.metrics import get_metric
+    from harness.grid.judge import judge_runs
+    from harness.grid.metrics import get_metric
 
     data = _load(path)
     if data.get("kind") != "bench":
@@ -344,7 +345,7 @@ def plot(path: Path, out: Path | None = None) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from harness.metrics import get_metric
+    from harness.grid.metrics import get_metric
 
     data = _load(path)
     names = data["metrics"]
@@ -406,7 +407,7 @@ def _state(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="results.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness results", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_list = sub.add_parser("list")
     p_list.add_argument("--dir", type=Path, default=RESULTS_DIR)

@@ -1,4 +1,4 @@
-"""The OpenAI-server side of ``run_vllm.py --server``: measured from the client, streamed.
+"""The OpenAI-server side of ``python -m harness run-vllm --server``: measured from the client, streamed.
 
 Launches ``omni-vllm serve MODEL`` (vLLM's own ``vllm serve`` command line) on a free
 loopback port in a new session, waits for ``/health``, and measures what a client sees:
@@ -14,7 +14,7 @@ loopback port in a new session, waits for ``/health``, and measures what a clien
   ``multiprocessing.resource_tracker`` helper included: it is part of what runs).
 
 The server's whole process group is stopped (SIGTERM, then SIGKILL after 30 s) whatever
-happens. Prompts are fixed token ids (the same as ``run_vllm.py``'s).
+happens. Prompts are fixed token ids (the same as ``harness.arms.vllm``'s).
 """
 
 from __future__ import annotations
@@ -64,18 +64,18 @@ def _stream(base: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[li
 def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) -> tuple[dict, dict]:
     """Run the server measurements; return ``(metrics, provenance)``.
 
-    ``args`` carries ``run_vllm.py``'s options; ``prompt(n, offset)`` makes token ids.
+    ``args`` carries ``harness.arms.vllm``'s options; ``prompt(n, offset)`` makes token ids.
 
     Raises:
         RuntimeError: the server exited or was not healthy within ``args.server_timeout`` s.
         AssertionError: a request generated fewer tokens than asked for.
     """
-    from harness.memory import tree_memory
-    from harness.server_process import free_port, stop_group, wait_healthy
+    from harness.arms.server_process import free_port, stop_group, wait_healthy
+    from harness.memory.tree import tree_memory
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    from harness.engine import EngineRecipe
+    from harness.models.recipe import EngineRecipe
 
     cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
            "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",

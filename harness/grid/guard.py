@@ -2,7 +2,7 @@
 
 Each check is a small class in an ordered list (in the manner of pyperf's system
 checks); each returns findings at level ``error``, ``warning`` or ``advice``.
-``bench_harness`` refuses to run on any error unless ``--allow-busy``, and then labels
+``harness.grid.bench`` refuses to run on any error unless ``--allow-busy``, and then labels
 the result.
 """
 

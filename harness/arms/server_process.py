@@ -1,7 +1,7 @@
 """A vLLM OpenAI server as a child process: a free loopback port, readiness, stopping its group.
 
 Shared by the demo (``harness/demo.py``) and the server arms of the benchmark
-(``harness/run_server.py``). The server runs in a session of its own
+(``harness/arms/server.py``). The server runs in a session of its own
 (``start_new_session=True``), so stopping it stops the engine core it spawned too.
 """
 

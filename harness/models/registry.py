@@ -28,6 +28,8 @@ from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness import REPO as REPO_ROOT
+
 __all__ = [
     "MANIFEST",
     "MODELS",
@@ -44,8 +46,6 @@ __all__ = [
 MANIFEST = "omni-manifest.json"
 MANIFEST_FORMAT = 1
 """Manifest format version. 1: name, source{path, sha256, bytes, distribution}, tools, dtype."""
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ModelError(RuntimeError):
@@ -443,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print(checkpoint_dir(args.name, args.cache_dir))
     except ModelError as e:
-        print(f"harness.models: error: {e}", file=sys.stderr)
+        print(f"harness.models.registry: error: {e}", file=sys.stderr)
         return 2
     return 0
 

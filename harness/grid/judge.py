@@ -14,7 +14,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from harness.metrics import Metric
+from harness.grid.metrics import Metric
 
 __all__ = ["ArmSummary", "Verdict", "judge", "judge_runs", "summarize"]
 

@@ -38,7 +38,7 @@ class Metric:
     noise_pct: float
     gateable: bool
     doc: str
-    separate_with: str = "harness/profile_step.py (per-op self time of a decode step)"
+    separate_with: str = "python -m harness profile (per-op self time of a decode step)"
     positive: bool = True
     """Valid values are finite and > 0 (a rate, a size, a duration): 0, a negative or a NaN is a
     failed measurement, never a result (a defaulted 0 MiB would win every memory comparison)."""
@@ -68,13 +68,13 @@ class UnknownMetricError(KeyError):
     def __str__(self) -> str:
         name = self.args[0]
         return (
-            f"metric {name!r} is not declared in harness/metrics.py; declare it with its "
+            f"metric {name!r} is not declared in harness/grid/metrics.py; declare it with its "
             f"direction (higher or lower is better), unit and noise band. Known: "
             f"{', '.join(sorted(METRICS))}"
         )
 
 
-_LEDGER = "harness/memory_ledger.py (what each worker mapping holds, and the unexplained remainder)"
+_LEDGER = "python -m harness ledger (what each worker mapping holds, and the unexplained remainder)"
 _PHASES = "vLLM's own start-up log (seconds of weight loading, compilation, KV allocation) and more passes"
 
 _ALL = [

@@ -6,7 +6,7 @@
 
 Prints one JSON object on its last stdout line: ``metrics`` and ``provenance``.
 
-Metrics (units in harness/metrics.py):
+Metrics (units in harness/grid/metrics.py):
 - ``pp_tps``: ``prompt_len`` / seconds of a request that prefills ``prompt_len`` tokens
   and generates one (pp512 with the default).
 - ``tg_tps``: ``gen_len - 1`` / (T(gen_len) - T(1)) for one stream after a
@@ -29,7 +29,7 @@ Provenance includes ``anon_huge_bytes``: each process's ``AnonHugePages`` at the
 the weights sat on transparent huge pages.
 
 With ``--server`` the same metrics (except the ``_full`` and worker ones) come from the
-client side of ``omni-vllm serve`` (``harness/run_server.py``), streamed.
+client side of ``omni-vllm serve`` (``harness/arms/server.py``), streamed.
 
 Token prompts are made of fixed ids, so every arm sees the same input.
 """
@@ -68,8 +68,8 @@ def _checkpoint_quant_method(model: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="run_vllm.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default="smollm2-135m", help="a harness.models name or a checkpoint directory")
+    ap = argparse.ArgumentParser(prog="python -m harness run-vllm", description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m", help="a harness.models.registry name or a checkpoint directory")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen-len", type=int, default=128)
     ap.add_argument("--context-len", type=int, default=16)
@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return _main_server(args)
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
-    from harness.memory import tree_memory
-    from harness.models import MODELS, fetch
+    from harness.memory.tree import tree_memory
+    from harness.models.registry import MODELS, fetch
     from harness.provenance import checkpoint_fingerprint
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from harness.engine import EngineRecipe
+    from harness.models.recipe import EngineRecipe
 
     kwargs = EngineRecipe.from_args(model, args).llm_kwargs()
     import psutil
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_full_request:
         timed([_prompt(args.max_model_len - 1, 3)], 1)
     tree_full = tree_memory(os.getpid())
-    from harness.kernel_bench import anon_huge_bytes
+    from harness.memory.tree import anon_huge_bytes
 
     # AnonHugePages per process after the requests: decode reads every weight a token, through the TLB
     # (docs/cpu_int4.md, Huge pages), so a slow pass can be checked against its weights' pages
@@ -194,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main_server(args: argparse.Namespace) -> int:
     """``--server``: measure ``omni-vllm serve`` from the client; print the same JSON shape."""
-    from harness.models import MODELS, REPO_ROOT, fetch
+    from harness.arms.server import measure_server
+    from harness.models.registry import MODELS, REPO_ROOT, fetch
     from harness.provenance import checkpoint_fingerprint
-    from harness.run_server import measure_server
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
     cold = _cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))

@@ -59,7 +59,7 @@ def stop(worker: Any) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="profile_step.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness profile", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--decode-steps", type=int, default=16)
@@ -68,20 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="also write the result as a JSON artifact here")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from harness.models import MODELS, fetch
+    from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from harness.engine import EngineRecipe
+    from harness.models.recipe import EngineRecipe
 
     llm = LLM(**EngineRecipe.from_args(model, args, max_num_seqs=1,
                                        max_model_len=max(1024, args.prompt_len + args.decode_steps + 8)).llm_kwargs())
     prompt = TokensPrompt(prompt_token_ids=[100 + (i * 7919) % 40000 for i in range(args.prompt_len)])
 
     # By module name, not __main__: the worker must keep the profiler in one module's globals.
-    from harness import profile_step as worker_side
+    from harness.memory import profile as worker_side
 
     def profiled(n: int) -> dict[str, float]:
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)

@@ -8,7 +8,7 @@ Kernels (each on the same random 4-bit weights of each shape):
 
 - ``int4pack``: ``aten._weight_int4pack_mm_for_cpu`` (PyTorch 2.13), what cpu_int4 runs today;
 - ``w4a8``: vLLM's ``_C.int4_scaled_mm_cpu`` with cpu_int4's float zero points kept exact
-  by the correction GEMM of :mod:`harness.vllm_w4a8`;
+  by the correction GEMM of :mod:`harness.kernels.vllm_w4a8`;
 - ``w4a8_kernel``: the same vLLM kernel alone (integer zero point 8, no correction): the
   floor that the correction adds to;
 - ``wna16``: ``_C.cpu_gemm_wna16``, what stock vLLM runs for GPTQ/AWQ checkpoints on a CPU
@@ -77,6 +77,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness import RESULTS_DIR
+from harness.memory.tree import anon_huge_bytes
 
 __all__ = ["ROTATION_BYTES", "SHAPES", "llc_bytes", "main", "rotation_copies", "streaming_read"]
 
@@ -233,7 +236,7 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False,
     import torch
     import torch.nn.functional as F
 
-    from harness.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
+    from harness.kernels.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
     from omni_quant import huge_pages, native
     from omni_quant.quant_math import quantize, quantize_int8
 
@@ -316,18 +319,6 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False,
     bf = [one(w.to(torch.bfloat16)) for _ in range(max(2, -(-copies // 4)))]  # four times
     out["bf16"] = (lambda x, i: F.linear(x, bf[i % len(bf)]), n * k * 2)
     return out, (w, q, s, z, w_sb)
-
-
-def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
-    """Bytes of this process's anonymous memory on transparent huge pages (``AnonHugePages`` of
-    ``/proc/self/smaps_rollup``), or None where the file or the field is absent."""
-    try:
-        for line in rollup.read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1]) * 1024  # kB
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def huge_share(before: int | None, after: int | None, placed: list[int]) -> float | None:
@@ -519,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "failed": failed,
     }
-    out = args.out or Path(__file__).resolve().parent / "results" / (
+    out = args.out or RESULTS_DIR / (
         "kernel_matrix-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(artifact, indent=1))

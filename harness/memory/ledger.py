@@ -109,19 +109,19 @@ def ledger(worker: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="memory_ledger.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m harness ledger", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=1024)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from harness.models import MODELS, fetch
+    from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
     from vllm import LLM
 
-    from harness.engine import EngineRecipe
+    from harness.models.recipe import EngineRecipe
 
     llm = LLM(**EngineRecipe.from_args(model, args, max_num_seqs=4).llm_kwargs())
     for w in llm.collective_rpc(ledger):

@@ -9,12 +9,13 @@ the tree's sum is the only honest total (C07).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import psutil
 
 from omni_platform.procfs import status_bytes
 
-__all__ = ["MemoryReadError", "ProcessMemory", "rss_anon_bytes", "tree_memory"]
+__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "rss_anon_bytes", "tree_memory"]
 
 
 class MemoryReadError(RuntimeError):
@@ -86,3 +87,15 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
             raise MemoryReadError(f"process {p.pid} of the tree of {root_pid} cannot be measured: "
                                   f"{type(exc).__name__}: {exc}") from exc
     return out
+
+
+def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
+    """Bytes of this process's anonymous memory on transparent huge pages (``AnonHugePages`` of
+    ``/proc/self/smaps_rollup``), or None where the file or the field is absent."""
+    try:
+        for line in rollup.read_text().splitlines():
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import guard, provenance
-from harness.judge import judge_runs
-from harness.metrics import UnknownMetricError, get_metric
-from harness.runner import PassResult, run_pass
+from harness import REPO, provenance
+from harness.grid import guard
+from harness.grid.judge import judge_runs
+from harness.grid.metrics import UnknownMetricError, get_metric
+from harness.grid.runner import PassResult, run_pass
 
 __all__ = ["FORMAT_VERSION", "check_expectations", "main", "rotation", "run_grid"]
 
@@ -42,8 +43,6 @@ FORMAT_VERSION = 2
 runs[], summary{metric: [ArmSummary]}, verdict, provenance, guard[], labels[],
 check, retracted, retraction. 2: verdicts{metric: Verdict}, every metric judged (``verdict``
 stays, the first metric's)."""
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def rotation(n_arms: int, pass_index: int) -> list[int]:
@@ -235,7 +234,7 @@ def _preflight(args: argparse.Namespace, cores: list[int]) -> tuple[list, list[s
     labels: list[str] = []
     if any(f.level == "error" for f in findings):
         if not args.allow_busy or any(f.check == "affinity" and f.level == "error" for f in findings):
-            print("bench_harness: refusing to run (see guard errors; --allow-busy runs anyway on busy cores)",
+            print("harness bench: refusing to run (see guard errors; --allow-busy runs anyway on busy cores)",
                   file=sys.stderr)
             return findings, labels, 1
         labels.append("BUSY CORES: run with --allow-busy, numbers are suspect")
@@ -324,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     problem = _validate(args)
     if problem:
-        print(f"bench_harness: error: {problem}", file=sys.stderr)
+        print(f"harness bench: error: {problem}", file=sys.stderr)
         return 2
     spec = json.loads(args.spec.read_text())
     cores = parse_cores(args.cores)

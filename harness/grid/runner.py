@@ -18,12 +18,12 @@ import subprocess
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 __all__ = ["PassResult", "run_pass"]
 
-REPO = Path(__file__).resolve().parent.parent
+from harness import REPO
+
 TAIL_LINES = 30
 
 
