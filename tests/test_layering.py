@@ -46,3 +46,61 @@ def test_the_checker_sees_a_forbidden_import(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import os\nfrom omni_patches import apply_all\ndef f():\n    import omni_quant.native\n")
     assert [n for _, n in _imports(f)] == ["os", "omni_patches", "omni_quant"]
+
+
+HARNESS = SRC.parent / "harness"
+# harness subpackage (or root module) -> the harness parts it may import; "root" is the package itself
+# (REPO, RESULTS_DIR) and harness/provenance.py, which every artifact writer shares.
+HARNESS_ALLOWED = {
+    "root": {"root"},
+    "models": {"root", "models"},                       # the real models, the engine recipe, fidelity
+    "memory": {"root", "models", "memory"},             # tree memory, the ledger, the step profile
+    "kernels": {"root", "models", "memory", "kernels"},  # kernel matrix, page bench
+    "arms": {"root", "models", "memory", "arms"},       # one runner per engine or peer
+    "grid": {"root", "grid"},                           # passes, judge, metrics, guard: arms run as commands
+    "artifacts": {"root", "grid", "artifacts"},         # results, plots, docs tables: re-judged from the grid
+    "demo": {"root", "models", "arms"},
+    "__main__": set(),                                  # dispatches by module name (importlib), imports none
+}
+
+
+def _harness_part(path: Path) -> str:
+    rel = path.relative_to(HARNESS)
+    if len(rel.parts) > 1:
+        return rel.parts[0]
+    return {"demo.py": "demo", "__main__.py": "__main__"}.get(rel.name, "root")
+
+
+def _harness_targets(path: Path) -> list[tuple[int, str]]:
+    """(line, harness part) for every import of the harness in ``path``."""
+    subpackages = {p.name for p in HARNESS.iterdir() if (p / "__init__.py").exists()}
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if node.module != "harness" else [f"harness.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "harness":
+                out.append((node.lineno, parts[1] if len(parts) > 1 and parts[1] in subpackages else "root"))
+    return out
+
+
+def test_harness_parts_import_only_lower_parts():
+    modules = sorted(HARNESS.rglob("*.py"))
+    parts = {_harness_part(p) for p in modules}
+    assert parts == set(HARNESS_ALLOWED), f"harness parts {sorted(parts)} not all in the table (docs/architecture.md)"
+    bad = [f"{p.relative_to(HARNESS.parent)}:{line} imports harness part {target!r}"
+           for p in modules for line, target in _harness_targets(p)
+           if target not in HARNESS_ALLOWED[_harness_part(p)]]
+    assert not bad, "harness layering broken (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_the_harness_checker_sees_an_upward_import(tmp_path):
+    """The rule is not vacuous: a grid module importing an arm runner is caught."""
+    f = tmp_path / "m.py"
+    f.write_text("from harness.arms import vllm\nfrom harness import RESULTS_DIR, grid\n")
+    assert _harness_targets(f) == [(1, "arms"), (2, "root"), (2, "grid")]
+    assert _harness_part(HARNESS / "grid" / "m.py") == "grid" and "arms" not in HARNESS_ALLOWED["grid"]
