@@ -198,6 +198,51 @@ def test_non_finite_metrics_are_failed_passes_not_winners(tmp_path):
     json.loads((tmp_path / "out.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in artifact"))
 
 
+@pytest.mark.parametrize(("value", "shown"), [("None", "null"), ("'fast'", '"fast"'), ("True", "true")])
+def test_a_non_numeric_metric_fails_its_pass_end_to_end(tmp_path, value, shown):
+    """``null``, a string or a bool is a failed pass with the value named, never a dropped metric (the
+    arm then has no good pass, and the verdict says so instead of losing it)."""
+    odd = f"import json; print(json.dumps({{'tokens_per_s': {value}, 'rss_anon_tree_mb': 5.0}}))"
+    ok = "import json, os; print(json.dumps({'tokens_per_s': float(os.environ['V']), 'rss_anon_tree_mb': 5.0}))"
+    arms = [_arm("odd", odd), _arm("a", ok, {"V": "9"}), _arm("b", ok, {"V": "3"})]
+    proc, art = _bench(tmp_path, arms, passes=2)
+    assert proc.returncode == 0, proc.stderr
+    odd_runs = [r for r in art["runs"] if r["tag"] == "odd"]
+    assert odd_runs and all(not r["ok"] and f"not a number: tokens_per_s={shown}" in r["reason"]
+                            for r in odd_runs), odd_runs
+    assert art["verdict"]["ranking"] == ["a", "b"]
+    assert "not judged: odd (0 good pass(es), 2 failed" in art["verdict"]["text"]
+    assert "FAILED odd pass 1: metric value(s) not a number" in proc.stdout
+
+
+def test_a_pass_missing_a_metric_its_arm_reported_elsewhere_fails(tmp_path):
+    """The metric that went missing in one pass fails that pass; start_cold_s / start_warm_s are one group
+    (the first start reports cold, later ones warm) and an arm that never reports a metric is named."""
+    flaky = ("import json, os, pathlib; f = pathlib.Path(os.environ['VLLM_CACHE_ROOT']) / 'n';"
+             " n = int(f.read_text()) if f.exists() else 0; f.parent.mkdir(parents=True, exist_ok=True);"
+             " f.write_text(str(n + 1)); m = {'tokens_per_s': 4.0 + n};"
+             " m.update({'start_cold_s' if n == 0 else 'start_warm_s': 1.0 + n});"
+             " m.update({} if n == 1 else {'rss_anon_tree_mb': 10.0}); print(json.dumps(m))")
+    plain = "print('{\"tokens_per_s\": 1.0}')"
+    proc, art = _bench(tmp_path, [_arm("flaky", flaky), _arm("plain", plain)], passes=3,
+                       metric="tokens_per_s,rss_anon_tree_mb,start_warm_s")
+    assert proc.returncode == 0, proc.stderr
+    flaky_runs = sorted((r for r in art["runs"] if r["tag"] == "flaky"), key=lambda r: r["pass_index"])
+    assert [r["ok"] for r in flaky_runs] == [True, False, True]
+    assert flaky_runs[1]["reason"] == ("missing metric(s) the arm reported in other passes: "
+                                       "rss_anon_tree_mb (reported in pass 1, 3)")
+    assert "not reported by: plain" in art["verdicts"]["rss_anon_tree_mb"]["text"]
+    assert "not reported by: plain" in art["verdicts"]["start_warm_s"]["text"]
+
+
+def test_an_arm_that_leaves_out_its_provenance_is_labelled(tmp_path):
+    arm = _arm("bare", "print('{\"metrics\": {\"tokens_per_s\": 2.0}, \"provenance\": {\"platform\": \"x\"}}')")
+    proc, art = _bench(tmp_path, [arm], passes=2)
+    assert proc.returncode == 0, proc.stderr
+    label = next(lb for lb in art["labels"] if lb.startswith("ARM PROVENANCE INCOMPLETE: bare"))
+    assert "model_sha256" in label and "platform" not in label
+
+
 @pytest.mark.parametrize("case", ["no_arms", "env_list", "command_int", "cores", "check_missing", "out_dir"])
 def test_bad_arguments_are_refused_before_any_pass(tmp_path, case):
     marker = tmp_path / "ran"

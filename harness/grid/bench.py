@@ -36,7 +36,8 @@ from harness.grid.judge import judge_runs
 from harness.grid.metrics import UnknownMetricError, get_metric
 from harness.grid.runner import PassResult, run_pass
 
-__all__ = ["FORMAT_VERSION", "check_expectations", "main", "rotation", "run_grid"]
+__all__ = ["FORMAT_VERSION", "arm_provenance_gaps", "check_expectations", "fail_incomplete_passes", "main", "rotation",
+           "run_grid"]
 
 FORMAT_VERSION = 2
 """Artifact format. 1: format_version, kind, created_unix, spec, passes, metrics,
@@ -104,6 +105,46 @@ def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: flo
             if not r.ok and (r.reason or "").startswith("timeout after"):
                 timed_out[arm["tag"]] = f"pass {p + 1} timed out ({r.reason})"
     return results
+
+
+def _group(name: str) -> str:
+    """The metric group a pass must report (a metric's ``one_of``, else the metric itself)."""
+    try:
+        return get_metric(name).one_of or name
+    except UnknownMetricError:
+        return name
+
+
+def fail_incomplete_passes(runs: list[PassResult]) -> None:
+    """Mark failed, in place, every good pass that lacks a metric (or every metric of a ``one_of`` group)
+    that a good pass of the same arm reported: a measurement that went missing is a failure, never a
+    smaller sample. The reason names what is missing and the passes that had it."""
+    reported: dict[str, dict[str, list[int]]] = {}
+    for r in runs:
+        if r.ok:
+            for name in r.metrics:
+                reported.setdefault(r.tag, {}).setdefault(_group(name), []).append(r.pass_index + 1)
+    for r in runs:
+        if not r.ok:
+            continue
+        have = {_group(name) for name in r.metrics}
+        missing = {g: p for g, p in reported.get(r.tag, {}).items() if g not in have}
+        if missing:
+            r.ok = False
+            r.reason = "missing metric(s) the arm reported in other passes: " + "; ".join(
+                f"{g} (reported in pass {', '.join(map(str, sorted(set(p))))})" for g, p in sorted(missing.items()))
+
+
+def arm_provenance_gaps(runs: list[PassResult]) -> dict[str, list[str]]:
+    """``{tag: [missing ARM_KEYS]}`` over each arm's good passes (what an arm must say about itself:
+    :data:`harness.provenance.ARM_KEYS`); arms that report every key are absent."""
+    gaps: dict[str, set[str]] = {}
+    for r in runs:
+        if r.ok:
+            missing = provenance.missing_keys(r.arm_provenance, provenance.ARM_KEYS)
+            if missing:
+                gaps.setdefault(r.tag, set()).update(missing)
+    return {tag: sorted(keys) for tag, keys in sorted(gaps.items())}
 
 
 def check_expectations(summary: dict[str, list[dict]], expect: dict[str, Any]) -> dict[str, Any]:
@@ -250,6 +291,7 @@ def _run_with_provenance(args, spec, cores, labels: list[str]) -> tuple[list, di
         labels.append("NO GIT PROVENANCE: git could not describe the tree; the code that ran is not identified "
                       "and changes during the run cannot be detected")
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
+    fail_incomplete_passes(runs)
     prov["cpu_speed_probe_end_s"] = provenance.cpu_speed_probe_s()
     change = 100 * (prov["cpu_speed_probe_end_s"] / prov["cpu_speed_probe_s"] - 1)
     if abs(change) > provenance.SPEED_CHANGE_PCT:
@@ -290,6 +332,8 @@ def _artifact(args, spec, metric_names, findings, labels, runs, prov) -> dict[st
     missing = provenance.missing_keys(prov, provenance.KEYS)
     if missing:
         labels.append(f"provenance incomplete: {missing}")
+    for tag, keys in arm_provenance_gaps(runs).items():
+        labels.append(f"ARM PROVENANCE INCOMPLETE: {tag} does not report {', '.join(keys)}")
     if args.check:
         artifact["check"] = check_expectations(summary, json.loads(args.check.read_text()))
     return artifact

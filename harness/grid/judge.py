@@ -114,19 +114,21 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
 
 
 def _excluded(summaries: list[ArmSummary]) -> str:
-    """``"; not judged: ARM (why), ...; failed passes: ARM N, ..."``, or ``""``: every arm left
-    out of the comparison and every failed pass of the arms in it.
-
-    An arm that reports nothing for this metric by design (llama.cpp has no 8-stream run) and
-    failed no pass is not listed."""
-    left_out, failures = [], []
+    """``"; not judged: ARM (why), ...; not reported by: ARM, ...; failed passes: ARM N, ..."``, or
+    ``""``: every arm left out of the comparison, with why, and every failed pass of the arms in it,
+    so that every arm of the run appears in every verdict. An arm that reports nothing for this
+    metric (llama.cpp has no 8-stream run) and failed no pass is named as not reporting it."""
+    left_out, silent, failures = [], [], []
     for s in summaries:
         if s.n >= 2 and s.median is not None:
             if s.failed:
                 failures.append(f"{s.tag} {s.failed} (judged on {s.n} good)")
         elif s.n or s.failed:
             left_out.append(f"{s.tag} ({s.n} good pass(es), {s.failed} failed: {s.label})")
+        else:
+            silent.append(s.tag)
     text = f"; not judged: {', '.join(left_out)}" if left_out else ""
+    text += f"; not reported by: {', '.join(silent)}" if silent else ""
     return text + (f"; failed passes: {', '.join(failures)}" if failures else "")
 
 

@@ -42,6 +42,10 @@ class Metric:
     positive: bool = True
     """Valid values are finite and > 0 (a rate, a size, a duration): 0, a negative or a NaN is a
     failed measurement, never a result (a defaulted 0 MiB would win every memory comparison)."""
+    one_of: str | None = None
+    """A group of metrics of which a pass reports exactly one (``start``: ``start_cold_s`` on the first
+    start of an arm's cache, ``start_warm_s`` on later ones); a pass missing every member of a group the
+    arm reported elsewhere is a failed pass (:func:`harness.grid.bench.fail_incomplete_passes`)."""
 
     def invalid(self, value) -> str | None:
         """Why ``value`` is not a measurement of this metric, or None when it is one."""
@@ -89,8 +93,10 @@ _ALL = [
            _LEDGER),
     Metric("kv_cache_mb", Direction.LOWER, "MiB", 1.0, True,
            "KV cache tensors allocated in the first worker (bytes / 2**20)", _LEDGER),
-    Metric("start_cold_s", Direction.LOWER, "s", 10.0, False, "engine start, empty compile cache", _PHASES),
-    Metric("start_warm_s", Direction.LOWER, "s", 10.0, False, "engine start, compile cache filled", _PHASES),
+    Metric("start_cold_s", Direction.LOWER, "s", 10.0, False,
+           "launch to first token, the arm's cache empty (its first start in the run)", _PHASES, one_of="start"),
+    Metric("start_warm_s", Direction.LOWER, "s", 10.0, False,
+           "launch to first token, the arm's cache filled by an earlier start", _PHASES, one_of="start"),
     Metric("op_self_us", Direction.LOWER, "us", 5.0, True, "per-op self time of a decode step"),
     Metric("seconds", Direction.LOWER, "s", 5.0, False, "generic wall time", "more passes on idle cores"),
 ]

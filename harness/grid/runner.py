@@ -1,7 +1,8 @@
 """Run one arm pass: pinned to the given cores, in its own process group, with a timeout.
 
 An arm prints its metrics as one JSON object on the last line of its stdout. A pass
-that exits non-zero, prints no JSON or outlives its timeout is a failed pass, recorded
+that exits non-zero, prints no JSON, reports a metric value that is not a finite number
+(``null``, a string, a bool, NaN) or outlives its timeout is a failed pass, recorded
 with the reason (for a non-zero exit, the first exception its stderr names) and the tail of
 its stderr; on timeout the whole process group is
 killed (vLLM's engine core and workers included), never left running (C10).
@@ -145,7 +146,13 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
         if not isinstance(raw, dict):
             return PassResult(tag, pass_index, position, False, status, seconds,
                               "\"metrics\" is not a JSON object", _tail(err_path))
-        metrics = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        not_numbers = {k: v for k, v in raw.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
+        if not_numbers:
+            shown = ", ".join(f"{k}={json.dumps(v)[:60]}" for k, v in sorted(not_numbers.items()))
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              f"metric value(s) not a number: {shown}; an arm that cannot measure a metric "
+                              "must fail or leave the metric out, never report a placeholder", _tail(err_path))
+        metrics = {k: float(v) for k, v in raw.items()}
         bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
         if bad:
             return PassResult(tag, pass_index, position, False, status, seconds,
