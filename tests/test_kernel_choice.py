@@ -7,8 +7,7 @@ import torch
 
 from omni_quant import kernel_choice, native
 from omni_quant.quant_math import quantize
-
-needs_kernel = pytest.mark.skipif(not native.available(), reason="omni W4A8 kernel not built")
+from skips import needs_kernel
 
 
 @pytest.fixture(autouse=True)

@@ -9,11 +9,11 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import skips
 from omni_quant import native
 from omni_quant.quant_math import dequantize, quantize, reference_linear, sqnr_db
 
-pytestmark = pytest.mark.skipif(not native.available(),
-                                reason=f"omni W4A8 kernel not built: {native.unavailable_reason()}")
+pytestmark = skips.needs_kernel
 
 ISAS = native.supported_isas() if native.available() else []
 
@@ -28,6 +28,8 @@ def test_this_cpu_runs_at_least_the_portable_path_and_auto_is_the_fastest():
     assert ISAS[-1] == "scalar"
     assert native.best_isa() == ISAS[0]
     assert set(ISAS) <= {"avx512vnni", "avx2vnni", "avx2", "scalar"}
+    # the declared skip (tests/skips.py, from /proc/cpuinfo) and the kernel's own detection agree
+    assert ("avx512vnni" in ISAS) == (not skips.NO_AVX512_VNNI.holds())
 
 
 @pytest.mark.parametrize("isa", ISAS)

@@ -9,8 +9,9 @@ import pytest
 from harness.kernels import matrix as kernel_bench
 from harness.kernels import pages as page_bench
 from omni_quant import native
+from skips import needs_kernel
 
-pytestmark = pytest.mark.skipif(not native.available(), reason="the omni W4A8 kernel is not built")
+pytestmark = needs_kernel
 
 
 @pytest.fixture

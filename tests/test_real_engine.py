@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import skips
 from conftest import clean_env, needs_default_layout, run_engine
 from omni_platform import PLATFORM_QUALNAME as OMNI
 
@@ -82,8 +83,7 @@ def test_user_multiprocessing_keeps_front_end_engine_core_and_worker(three_proce
 
 def test_small_machine_step_budget_default_and_user_override(default_run, three_process_run):
     run, _ = default_run
-    if _physical_cores() > 4:
-        pytest.skip("the step budget default applies on machines with <= OMNI_FEW_CPUS (4) cores")
+    skips.MORE_CORES_THAN_FEW.skip_if_holds()  # the step budget default applies on machines with <= 4 cores
     assert "omni-patches: default max_num_batched_tokens=512 max_num_seqs=8" in run.log
     assert "Chunked prefill is enabled with max_num_batched_tokens=512." in run.log
     user = three_process_run[0]

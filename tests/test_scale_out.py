@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, run_engine
+from skips import FEWER_THAN_TWO_CPUS
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +31,7 @@ def one_rank(tiny_llama):
     return _run(tiny_llama)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@FEWER_THAN_TWO_CPUS.mark()
 def test_tp2_greedy_equals_tp1(tiny_llama, one_rank):
     tp2 = _run(tiny_llama, tensor_parallel_size=2)
     assert len(tp2["workers"]) == 2
@@ -40,7 +41,7 @@ def test_tp2_greedy_equals_tp1(tiny_llama, one_rank):
     assert tp2["token_ids"] == one_rank["token_ids"]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@FEWER_THAN_TWO_CPUS.mark()
 def test_c17_pp2_greedy_equals_pp1(tiny_llama, one_rank):
     """pipeline_parallel_size=2 on CPU, eager (omni-patches' _patch_cpu_pipeline_parallel_eager):
     the same greedy tokens as one stage."""
@@ -57,7 +58,7 @@ def _serve(args: list[str], cpu: int, log: Path) -> subprocess.Popen:
                                 start_new_session=True)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@FEWER_THAN_TWO_CPUS.mark()
 def test_c17_pp2_across_two_nodes_on_loopback(int4_model_dir, tmp_path):
     """Two "machines" on loopback, one CPU each: vLLM's own multi-node flags (docs/scale-out.md), node 0
     serves the API, node 1 is headless; greedy text equals one process serving the same model."""

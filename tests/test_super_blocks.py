@@ -8,11 +8,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+import skips
 from omni_quant import native, super_blocks
 from omni_quant.quant_math import dequantize, quantize, sqnr_db
+from skips import needs_kernel
 
-needs_kernel = pytest.mark.skipif(not native.available(),
-                                  reason=f"omni W4A8 kernel not built: {native.unavailable_reason()}")
 ISAS = native.supported_isas() if native.available() else []
 
 
@@ -188,7 +188,7 @@ def test_the_vector_path_equals_the_portable_one_and_rows_equal_rows_alone(m, k)
 
 
 @needs_kernel
-@pytest.mark.skipif("avx512vnni" not in ISAS, reason="this CPU has no AVX-512 VNNI")
+@skips.NO_AVX512_VNNI.mark()
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 7, 8, 12, 15, 64, 77, 130])
 def test_the_avx512_kernel_equals_the_avx2_one_bit_for_bit(m):
     """vpdpbusd and vpmulld give the AVX2 kernel's integer sums, and the float epilogue is in the same

@@ -7,8 +7,14 @@ from hypothesis import strategies as st
 
 from harness.kernels.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
 from omni_quant.quant_math import quantize, reference_linear, sqnr_db
+from skips import NO_AVX512_BF16
 
-pytestmark = pytest.mark.skipif(not w4a8_available(), reason="this vLLM build ships no _C.int4_scaled_mm_cpu")
+pytestmark = NO_AVX512_BF16.mark()
+
+
+def test_vllm_ships_the_kernel_on_this_cpu():
+    """On an AVX-512 BF16 CPU vLLM loads its full _C library, which has the kernel: its absence fails."""
+    assert w4a8_available()
 
 
 @settings(max_examples=40, deadline=None)
