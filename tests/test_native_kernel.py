@@ -212,11 +212,11 @@ def test_bad_arguments_are_named():
         native.linear(x, w, sz, 32, isa="avx9000")
     with pytest.raises(RuntimeError, match="x has K=64 but w was packed for K=128"):
         native.linear(torch.randn(1, 64, dtype=torch.bfloat16), w, sz, 32)
-    with pytest.raises(RuntimeError, match="group_size 48 must be a multiple of 16"):
+    with pytest.raises(RuntimeError, match="group_size 48 must be a positive multiple of 16"):
         native.linear(x, w, sz, 48)
     with pytest.raises(RuntimeError, match="x must be bfloat16 or float32"):
         torch.ops.omni_quant.w4a8_linear(x.half(), w, sz, 32)
-    with pytest.raises(ValueError, match="needs N % 16 == 0"):
+    with pytest.raises(ValueError, match="N % 16 == 0"):
         native.repack(q[:24], s[:24], z[:24])
     with pytest.raises(RuntimeError, match=r"sz must be .* = \[2, 4, 2, 16\]"):  # same numel, wrong shape
         native.linear(x, w, sz.permute(0, 2, 1, 3).contiguous(), 32)
@@ -225,6 +225,72 @@ def test_bad_arguments_are_named():
             native.linear(x, w, sz, 32, torch.ones(1, dtype=torch.bfloat16), dequant_min_rows=rows)
     with pytest.raises(TypeError, match="x must be floating point"):
         native.linear(torch.ones(1, 128, dtype=torch.int32), w, sz, 32)
+
+
+def _packed(n, k, g):
+    """Packed tensors of any shape, zeros (the checks run before the contents are read)."""
+    return torch.zeros(n // 16, k // 8, 16, 4, dtype=torch.uint8), torch.zeros(n // 16, k // g, 2, 16,
+                                                                               dtype=torch.bfloat16)
+
+
+@pytest.mark.parametrize("isa", ["auto", "scalar"])
+def test_degenerate_shapes_are_refused_before_any_arithmetic(isa):
+    """K = 0 divided by zero in ops.cpp (SIGFPE killed the process); N = 0, a group size of 0 or one not
+    dividing K are refused as well, each by name, on the GEMM (both row paths) and on dequantization.
+    Reaching the last line proves the process survived."""
+    op = torch.ops.omni_quant
+    x0 = torch.randn(3, 0, dtype=torch.bfloat16)
+    for rows in (None, torch.tensor(1, dtype=torch.int64)):  # the integer kernel, the prefill path
+        with pytest.raises(RuntimeError, match="K .input channels. must be positive, got K=0"):
+            op.w4a8_linear(x0, *_packed(32, 0, 16), 16, None, isa, rows)
+        with pytest.raises(RuntimeError, match=r"N .output channels. must be positive, got w of shape \[0, 16, 16,"):
+            op.w4a8_linear(torch.randn(3, 128, dtype=torch.bfloat16), *_packed(0, 128, 32), 32, None, isa, rows)
+        for g in (0, -16, 8, 20, 48, 512):
+            with pytest.raises(RuntimeError, match=f"group_size {g} must be a positive multiple of 16, <= 256, "
+                                                   "dividing K=128"):
+                op.w4a8_linear(torch.randn(3, 128, dtype=torch.bfloat16), *_packed(32, 128, 32), g, None, isa, rows)
+    with pytest.raises(RuntimeError, match="got K=0"):
+        op.dequantize(*_packed(32, 0, 16), 16, isa)
+    with pytest.raises(RuntimeError, match="N .output channels. must be positive"):
+        op.dequantize(*_packed(0, 128, 32), 32, isa)
+    with pytest.raises(RuntimeError, match="group_size 0 must be"):
+        op.dequantize(*_packed(32, 128, 32), 0, isa)
+    with pytest.raises(ValueError, match=r"x must be \[..., K\] with K > 0, got shape \(2, 3, 0\)"):
+        native.linear(torch.randn(2, 3, 0), *_packed(32, 0, 16), 16, isa=isa)
+    q, s, z, gen = _layer(32, 128, 32, 2)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(4, 128, generator=gen).to(torch.bfloat16)
+    assert sqnr_db(reference_linear(x, q, s, z), native.linear(x, w, sz, 32, isa=isa)) >= 38.0  # still alive
+    assert native.linear(torch.empty(0, 128), w, sz, 32, isa=isa).shape == (0, 32)  # M = 0 is fine
+
+
+def test_repack_refuses_degenerate_shapes_and_mismatched_groups():
+    q, s, z, _ = _layer(32, 128, 32, 2)
+    for codes in (q[:0], q[:, :0]):
+        with pytest.raises(ValueError, match="needs N > 0, K > 0"):
+            native.repack(codes, s[:codes.shape[0]], z[:codes.shape[0]])
+    for scales, zeros in ((s[:, :0], z[:, :0]), (s[:, :3], z[:, :3]), (s, z[:16]), (s[0], z[0]), (s[:16], z[:16])):
+        with pytest.raises(ValueError, match="must both be \\[N=32, G\\] with G >= 1 groups dividing K=128"):
+            native.repack(q, scales, zeros)
+    assert not native.supports_shape(0, 128, 32) and not native.supports_shape(32, 0, 32)
+    assert not native.supports_shape(32, 128, 0) and native.supports_shape(32, 128, 32)
+
+
+def test_repack_refuses_codes_out_of_range_naming_the_first_and_the_count():
+    """A 16 would spill into the neighbouring nibble of the packed byte."""
+    q, s, z, _ = _layer(32, 128, 32, 2)
+    bad = q.to(torch.int64).clone()
+    bad[3, 5] = 16
+    with pytest.raises(ValueError, match=r"codes must be integers 0..15: 1 position\(s\) out of range, "
+                                         r"the first codes\[3, 5\] = 16"):
+        native.repack(bad, s, z)
+    bad[0, 7], bad[31, 127] = -1, 300
+    with pytest.raises(ValueError, match=r"3 position\(s\) out of range, the first codes\[0, 7\] = -1"):
+        native.repack(bad, s, z)
+    for dtype in (torch.float32, torch.bool):
+        with pytest.raises(ValueError, match=f"codes must be integers 0..15, got dtype {dtype}"):
+            native.repack(q.to(dtype), s, z)
+    native.repack(q.to(torch.int32), s, z)  # any integer dtype with codes in range
 
 
 def test_inductor_calls_the_compiled_kernel_with_no_python_op():

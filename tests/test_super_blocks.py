@@ -236,6 +236,43 @@ def test_wrong_layouts_are_named():
 
 
 @needs_kernel
+@pytest.mark.parametrize("isa", ["auto", "avx2", "scalar"])
+def test_degenerate_shapes_are_refused_before_any_arithmetic(isa):
+    """K = 0 divided by zero in the AVX2 super-block kernel (SIGFPE killed the process); it and N = 0 are
+    refused by name on the GEMM (both row paths) and on dequantization. Reaching the end proves the
+    process survived."""
+    if isa not in ISAS:
+        isa = "scalar"
+    op = torch.ops.omni_quant
+
+    def packed(n, k):
+        return (torch.zeros(n // 16, k // 8, 16, 4, dtype=torch.uint8),
+                torch.zeros(n // 16, k // 256, native.SB_BYTES, dtype=torch.uint8))
+
+    for rows in (None, torch.tensor(1, dtype=torch.int64)):  # the integer kernel, the prefill path
+        with pytest.raises(RuntimeError, match="K .input channels. must be positive, got K=0"):
+            op.w4a8_linear_sb(torch.randn(3, 0), *packed(32, 0), None, isa, rows)
+        with pytest.raises(RuntimeError, match="N .output channels. must be positive"):
+            op.w4a8_linear_sb(torch.randn(3, 256), *packed(0, 256), None, isa, rows)
+    with pytest.raises(RuntimeError, match="got K=0"):
+        op.dequantize_sb(*packed(32, 0), isa)
+    with pytest.raises(RuntimeError, match="N .output channels. must be positive"):
+        op.dequantize_sb(*packed(0, 256), isa)
+    with pytest.raises(ValueError, match="with K > 0"):
+        native.linear_super_blocks(torch.randn(3, 0), *packed(32, 0), isa=isa)
+    for n, k in ((0, 256), (16, 0)):
+        with pytest.raises(ValueError, match="needs N > 0, K > 0"):
+            native.repack_super_blocks(torch.zeros(n, k, dtype=torch.uint8), torch.zeros(n, k // 32),
+                                       torch.zeros(n, k // 32), torch.zeros(n, k // 256), torch.zeros(n, k // 256))
+    w0, gen = _weights(32, 512, 7)
+    parts = super_blocks.quantize(w0)
+    w, sb = native.repack_super_blocks(*parts)
+    x = torch.randn(3, 512, generator=gen)
+    want = torch.nn.functional.linear(x, super_blocks.dequantize(*parts).float())
+    assert sqnr_db(want, native.linear_super_blocks(x, w, sb, None, isa)) >= 30.0  # still alive
+
+
+@needs_kernel
 @pytest.mark.parametrize("isa, kernel_env, layout", [
     ("avx2", None, "super_blocks"),           # an AVX2 CPU without VNNI: the AVX2 super-block kernel
     ("avx512vnni", None, "super_blocks"),     # AVX-512 VNNI: its own super-block kernel
@@ -295,7 +332,7 @@ def test_a_nan_activation_gives_nan_as_the_per_group_path_does(isa):
 
 
 @pytest.mark.parametrize("field, value, what", [
-    (0, 16, "codes must be integers 0..15"),
+    (0, 16, r"codes must be integers 0..15: 1 position\(s\) out of range, the first codes\[0, 0\] = 16"),
     (1, 64, "sub_scales must be integers 0..63"),
     (2, -1, "sub_mins must be integers 0..63"),
     (3, 1e6, "d must be finite in float16"),

@@ -72,13 +72,22 @@ std::string resolve_isa(c10::string_view isa_arg) {
   return isa;
 }
 
+// Degenerate shapes are refused before any arithmetic: K = 0 would divide by zero in the kernels
+// (SIGFPE), N = 0 leaves nothing to compute. k is x's K (or w's, for dequantization).
+void check_sizes(const at::Tensor& w, int64_t k) {
+  TORCH_CHECK(k > 0, "omni_quant: K (input channels) must be positive, got K=", k);
+  TORCH_CHECK(w.size(0) > 0, "omni_quant: N (output channels) must be positive, got w of shape ", w.sizes(),
+              " (N/16 = ", w.size(0), ")");
+}
+
 void check_weights(const at::Tensor& w, const at::Tensor& sz, int64_t k, int64_t group_size) {
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
                   w.is_contiguous(),
               "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack)");
+  check_sizes(w, k);
   TORCH_CHECK(w.size(1) * 8 == k, "omni_quant: x has K=", k, " but w was packed for K=", w.size(1) * 8);
   TORCH_CHECK(group_size % 16 == 0 && group_size > 0 && group_size <= 256 && k % group_size == 0,
-              "omni_quant: group_size ", group_size, " must be a multiple of 16, <= 256, dividing K=", k);
+              "omni_quant: group_size ", group_size, " must be a positive multiple of 16, <= 256, dividing K=", k);
   TORCH_CHECK(sz.scalar_type() == at::kBFloat16 && sz.is_contiguous() && sz.dim() == 4 &&
                   sz.size(0) == w.size(0) && sz.size(1) == k / group_size && sz.size(2) == 2 && sz.size(3) == kBlockN,
               "omni_quant: sz must be contiguous bfloat16 [N/16, K/group_size, 2, 16] = [", w.size(0), ", ",
@@ -302,6 +311,7 @@ void check_sb(const at::Tensor& w, const at::Tensor& sb, int64_t k) {
   TORCH_CHECK(w.dim() == 4 && w.scalar_type() == at::kByte && w.size(2) == kBlockN && w.size(3) == 4 &&
                   w.is_contiguous(),
               "omni_quant: w must be contiguous uint8 [N/16, K/8, 16, 4] (omni_quant.native.repack_super_blocks)");
+  check_sizes(w, k);
   TORCH_CHECK(w.size(1) * 8 == k, "omni_quant: x has K=", k, " but w was packed for K=", w.size(1) * 8);
   TORCH_CHECK(k % kSuperBlock == 0, "omni_quant: the super-block layout needs K a multiple of 256, got K=", k);
   TORCH_CHECK(sb.scalar_type() == at::kByte && sb.is_contiguous() && sb.dim() == 3 && sb.size(0) == w.size(0) &&

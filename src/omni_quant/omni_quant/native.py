@@ -100,28 +100,56 @@ def super_block_isa() -> str | None:
 
 
 def supports_shape(n: int, k: int, group_size: int) -> bool:
-    """Whether an ``[N, K]`` weight fits the kernel: N a multiple of 16, group_size a multiple of 16
-    (at most 256) dividing K."""
-    return n % BLOCK_N == 0 and group_size % 16 == 0 and 0 < group_size <= 256 and k % group_size == 0
+    """Whether an ``[N, K]`` weight fits the kernel: N and K positive, N a multiple of 16, group_size a
+    multiple of 16 (at most 256) dividing K."""
+    return (n > 0 and k > 0 and n % BLOCK_N == 0 and group_size % 16 == 0 and 0 < group_size <= 256
+            and k % group_size == 0)
+
+
+def _check_codes(codes: torch.Tensor, where: str) -> None:
+    """ValueError unless ``codes`` is a 2-D integer tensor of values 0..15 (a 16 would spill into the
+    neighbouring nibble of the packed byte): names the dtype, or how many positions are out of range
+    and the first one with its value."""
+    if codes.dim() != 2:
+        raise ValueError(f"{where}: codes must be 2-D [N, K], got shape {tuple(codes.shape)}")
+    if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
+        raise ValueError(f"{where}: codes must be integers 0..15, got dtype {codes.dtype}")
+    if codes.numel() == 0:
+        return
+    lo, hi = torch.aminmax(codes)
+    if int(lo) >= 0 and int(hi) <= 15:
+        return
+    bad = (codes < 0) | (codes > 15)
+    count = int(bad.sum())
+    row, col = (int(i) for i in bad.nonzero()[0])
+    raise ValueError(f"{where}: codes must be integers 0..15: {count} position(s) out of range, the first "
+                     f"codes[{row}, {col}] = {int(codes[row, col])}")
 
 
 def repack(codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cpu_int4 weights -> the kernel's layout.
 
     Args:
-        codes: ``[N, K]`` integer codes 0..15.
+        codes: ``[N, K]`` integer codes 0..15 (any integer dtype).
         scales, zeros: ``[N, K / group_size]`` (cast to bf16; cpu_int4 stores bf16).
 
     Returns:
         ``(w, sz)``: uint8 ``[N/16, K/8, 16, 4]`` and bf16 ``[N/16, K/group_size, 2, 16]``.
 
     Raises:
-        ValueError: N is not a multiple of 16 or K not a multiple of 8.
+        ValueError: N or K is zero, N is not a multiple of 16 or K not a multiple of 8; ``codes`` is not
+            an integer tensor or holds a value outside 0..15 (the message counts them and names the
+            first); ``scales`` and ``zeros`` are not both ``[N, G]`` with G >= 1 dividing K.
     """
+    _check_codes(codes, "omni_quant.native.repack")
     n, k = codes.shape
-    if n % BLOCK_N or k % 8:
-        raise ValueError(f"omni_quant.native.repack: [N={n}, K={k}] needs N % 16 == 0 and K % 8 == 0")
-    groups = scales.shape[1]
+    if n <= 0 or k <= 0 or n % BLOCK_N or k % 8:
+        raise ValueError(f"omni_quant.native.repack: [N={n}, K={k}] needs N > 0, K > 0, N % 16 == 0 and K % 8 == 0")
+    groups = scales.shape[1] if scales.dim() == 2 else 0
+    if (scales.dim() != 2 or tuple(scales.shape) != (n, groups) or tuple(zeros.shape) != (n, groups)
+            or groups < 1 or k % groups):
+        raise ValueError(f"omni_quant.native.repack: scales {tuple(scales.shape)} and zeros {tuple(zeros.shape)} "
+                         f"must both be [N={n}, G] with G >= 1 groups dividing K={k}")
     c = codes.to(torch.uint8).view(n // BLOCK_N, BLOCK_N, k // 8, 8).permute(0, 2, 1, 3)
     w = (c[..., :4] | (c[..., 4:] << 4)).contiguous()
     sz = torch.stack([scales.to(torch.bfloat16), zeros.to(torch.bfloat16)], 0)       # [2, N, G]
@@ -149,12 +177,18 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
         ``[..., N]`` in ``x``'s dtype.
 
     Raises:
-        RuntimeError: from the kernel, naming the argument that is wrong (shape, dtype, or an
-            ``isa`` this CPU cannot run).
+        TypeError: ``x`` is not floating point.
+        ValueError: ``x`` has K = 0 input channels (or no dimension).
+        RuntimeError: from the kernel, before any arithmetic, naming the argument that is wrong: a
+            shape (K or N zero, K not the one ``w`` was packed for, ``sz`` or ``bias`` not matching),
+            ``group_size`` not a positive multiple of 16 up to 256 dividing K, a dtype, or an ``isa``
+            this CPU cannot run.
     """
     shape = x.shape
     if not x.is_floating_point():
         raise TypeError(f"omni_quant.native.linear: x must be floating point, got {x.dtype}")
+    if x.dim() == 0 or shape[-1] == 0:
+        raise ValueError(f"omni_quant.native.linear: x must be [..., K] with K > 0, got shape {tuple(shape)}")
     if x.dtype not in (torch.bfloat16, torch.float32):  # e.g. a float16 model: the kernel reads bf16 or f32
         return linear(x.float(), w, sz, group_size, bias, isa, dequant_min_rows).to(x.dtype)
     rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
@@ -164,7 +198,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, sz: torch.Tensor, group_size: int,
 
 
 def dequantize(w: torch.Tensor, sz: torch.Tensor, group_size: int, isa: str = "auto") -> torch.Tensor:
-    """The kernel's layout back to the weight: bf16 ``[N, K]``, ``(q - 8) * s + z`` rounded to bf16."""
+    """The kernel's layout back to the weight: bf16 ``[N, K]``, ``(q - 8) * s + z`` rounded to bf16.
+
+    ``w``, ``sz`` from :func:`repack`. Raises RuntimeError (as :func:`linear`) on a wrong shape, dtype,
+    ``group_size`` or ``isa``, K or N zero included."""
     return torch.ops.omni_quant.dequantize(w, sz, group_size, isa)
 
 
@@ -183,19 +220,21 @@ def repack_super_blocks(codes: torch.Tensor, sub_scales: torch.Tensor, sub_mins:
         ``2p, 2p+1`` side by side per channel ``m[p][l][2]`` (128), ``d[l]`` and ``dmin[l]`` fp16 (32 + 32).
 
     Raises:
-        ValueError: N is not a multiple of 16, K not of 256, a tensor's shape does not match, a code or
-            six-bit integer is out of range, or ``d``/``dmin`` is not finite in float16.
+        ValueError: N or K is zero, N is not a multiple of 16, K not of 256, a tensor's shape does not
+            match, a code or six-bit integer is out of range, or ``d``/``dmin`` is not finite in float16.
     """
+    _check_codes(codes, "omni_quant.native.repack_super_blocks")
     n, k = codes.shape
-    if n % BLOCK_N or k % SUPER_BLOCK:
-        raise ValueError(f"omni_quant.native.repack_super_blocks: [N={n}, K={k}] needs N % 16 == 0 and K % 256 == 0")
+    if n <= 0 or k <= 0 or n % BLOCK_N or k % SUPER_BLOCK:
+        raise ValueError(f"omni_quant.native.repack_super_blocks: [N={n}, K={k}] needs N > 0, K > 0, N % 16 == 0 "
+                         "and K % 256 == 0")
     sbs = k // SUPER_BLOCK
     for name, t, cols in (("sub_scales", sub_scales, k // 32), ("sub_mins", sub_mins, k // 32),
                           ("d", d, sbs), ("dmin", dmin, sbs)):
         if tuple(t.shape) != (n, cols):
             raise ValueError(f"omni_quant.native.repack_super_blocks: {name} is {tuple(t.shape)}, "
                              f"expected ({n}, {cols})")
-    for name, t, hi in (("codes", codes, 15), ("sub_scales", sub_scales, 63), ("sub_mins", sub_mins, 63)):
+    for name, t, hi in (("sub_scales", sub_scales, 63), ("sub_mins", sub_mins, 63)):
         if t.is_floating_point() or t.is_complex() or (t.numel() and not (0 <= int(t.min()) and int(t.max()) <= hi)):
             raise ValueError(f"omni_quant.native.repack_super_blocks: {name} must be integers 0..{hi}")
     for name, t in (("d", d), ("dmin", dmin)):
@@ -232,11 +271,18 @@ def linear_super_blocks(x: torch.Tensor, w: torch.Tensor, sb: torch.Tensor, bias
         ``[..., N]`` in ``x``'s dtype.
 
     Raises:
-        RuntimeError: from the kernel, naming the argument that is wrong.
+        TypeError: ``x`` is not floating point.
+        ValueError: ``x`` has K = 0 input channels (or no dimension).
+        RuntimeError: from the kernel, before any arithmetic, naming the argument that is wrong (K or N
+            zero, K not a multiple of 256 or not the one ``w`` was packed for, ``sb`` or ``bias`` not
+            matching, a dtype, an ``isa`` this CPU cannot run).
     """
     shape = x.shape
     if not x.is_floating_point():
         raise TypeError(f"omni_quant.native.linear_super_blocks: x must be floating point, got {x.dtype}")
+    if x.dim() == 0 or shape[-1] == 0:
+        raise ValueError(f"omni_quant.native.linear_super_blocks: x must be [..., K] with K > 0, "
+                         f"got shape {tuple(shape)}")
     if x.dtype not in (torch.bfloat16, torch.float32):
         return linear_super_blocks(x.float(), w, sb, bias, isa, dequant_min_rows).to(x.dtype)
     rows = dequant_min_rows if isinstance(dequant_min_rows, torch.Tensor) else (
@@ -246,5 +292,8 @@ def linear_super_blocks(x: torch.Tensor, w: torch.Tensor, sb: torch.Tensor, bias
 
 
 def dequantize_super_blocks(w: torch.Tensor, sb: torch.Tensor, isa: str = "auto") -> torch.Tensor:
-    """The super-block layout back to the weight: bf16 ``[N, K]``, ``(d sc_j) q - (dmin m_j)`` rounded to bf16."""
+    """The super-block layout back to the weight: bf16 ``[N, K]``, ``(d sc_j) q - (dmin m_j)`` rounded to bf16.
+
+    ``w``, ``sb`` from :func:`repack_super_blocks`. Raises RuntimeError (as :func:`linear_super_blocks`)
+    on a wrong shape, dtype or ``isa``, K or N zero included."""
     return torch.ops.omni_quant.dequantize_sb(w, sb, isa)
