@@ -2,6 +2,7 @@
 dequantize-then-matmul reference; the prefill (dequantize + bf16 GEMM) path; the errors; inductor."""
 
 import itertools
+import logging
 
 import pytest
 import torch
@@ -291,6 +292,82 @@ def test_repack_refuses_codes_out_of_range_naming_the_first_and_the_count():
         with pytest.raises(ValueError, match=f"codes must be integers 0..15, got dtype {dtype}"):
             native.repack(q.to(dtype), s, z)
     native.repack(q.to(torch.int32), s, z)  # any integer dtype with codes in range
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def bounds_log(monkeypatch):
+    """The records of logger vllm.omni_quant.batch_rows, with its log-once flag reset."""
+    import vllm.logger  # noqa: F401  (vLLM's logging config resets the handlers of vllm.* loggers: before ours)
+
+    from omni_quant import batch_rows
+
+    monkeypatch.setattr(batch_rows, "_failure_logged", False)
+    handler = _Records()
+    logger = logging.getLogger("vllm.omni_quant.batch_rows")
+    logger.addHandler(handler)
+    yield handler.records
+    logger.removeHandler(handler)
+
+
+def test_a_failure_reading_the_steps_sequences_is_logged_once_and_the_rows_are_one_sequence(monkeypatch, bounds_log):
+    """The batch_rows read raising: the call's rows count as one sequence (the result of a call outside a
+    step), and one warning names the reason, however many calls fail."""
+    from vllm.forward_context import override_forward_context
+
+    from omni_quant import batch_rows
+
+    q, s, z, gen = _layer(48, 256, 64, 7)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(52, 256, generator=gen).to(torch.bfloat16)
+    one_sequence = native.linear(x, w, sz, 64, dequant_min_rows=16)
+
+    def broken():
+        raise RuntimeError("query_start_loc moved")
+
+    monkeypatch.setattr(batch_rows, "sequence_row_starts", broken)
+    with override_forward_context(_step(3, 20, 5, 24)):
+        for _ in range(3):
+            assert torch.equal(native.linear(x, w, sz, 64, dequant_min_rows=16), one_sequence)
+    assert len(bounds_log) == 1, [r.getMessage() for r in bounds_log]
+    assert bounds_log[0].levelno == logging.WARNING
+    assert "RuntimeError: query_start_loc moved" in bounds_log[0].getMessage()
+    assert "logged once" in bounds_log[0].getMessage()
+
+
+def test_a_malformed_answer_to_the_kernel_is_logged_once_too(monkeypatch, bounds_log):
+    """What ops.cpp itself caught and dropped before: an exception from batch_rows.sequence_bounds, or an
+    answer that is not a tuple of bounds 0..rows."""
+    from omni_quant import batch_rows
+
+    q, s, z, gen = _layer(48, 256, 64, 7)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(20, 256, generator=gen).to(torch.bfloat16)
+    one_sequence = native.linear(x, w, sz, 64, dequant_min_rows=16)
+
+    def raising(rows):
+        raise KeyError("no step")
+
+    for answer in (lambda rows: [0, rows], lambda rows: (0, 5), lambda rows: (0, "x", rows), raising):
+        monkeypatch.setattr(batch_rows, "sequence_bounds", answer)
+        assert torch.equal(native.linear(x, w, sz, 64, dequant_min_rows=16), one_sequence)
+    assert len(bounds_log) == 1, [r.getMessage() for r in bounds_log]
+    assert "sequence_bounds returned a list, not a tuple" in bounds_log[0].getMessage()
+    monkeypatch.setattr(batch_rows, "_failure_logged", False)  # each kind of failure names itself
+    for answer, what in ((lambda rows: (0, 5), "returned 2 bounds, not 0, ..., 20"),
+                         (lambda rows: (0, "x", rows), "TypeError"), (raising, "KeyError: 'no step'")):
+        monkeypatch.setattr(batch_rows, "sequence_bounds", answer)
+        native.linear(x, w, sz, 64, dequant_min_rows=16)
+        assert what in bounds_log[-1].getMessage()
+        monkeypatch.setattr(batch_rows, "_failure_logged", False)
 
 
 def test_inductor_calls_the_compiled_kernel_with_no_python_op():

@@ -12,11 +12,21 @@ metadata of the step holds ``query_start_loc`` ``[num_reqs + 1]`` (int32, the fi
 request's tokens, then the total), the same for every attention layer of the step. The kernel
 calls :func:`sequence_bounds` only when a call has enough rows for the prefill path at all,
 never at decode.
+
+Should reading the ranges fail (an exception from vLLM's forward context, or the kernel getting a
+malformed answer), the call's rows count as one sequence, as outside a step, and
+:func:`report_failure` logs the reason once per process (logger ``vllm.omni_quant.batch_rows``):
+batch invariance is then lost, and the log says so.
 """
 
 from __future__ import annotations
 
-__all__ = ["sequence_bounds", "sequence_row_starts"]
+import logging
+
+__all__ = ["report_failure", "sequence_bounds", "sequence_row_starts"]
+
+logger = logging.getLogger("vllm.omni_quant.batch_rows")
+_failure_logged = False
 
 
 def sequence_row_starts() -> tuple[int, ...] | None:
@@ -39,12 +49,30 @@ def sequence_row_starts() -> tuple[int, ...] | None:
     return None
 
 
+def report_failure(reason: str) -> None:
+    """Log, the first time in this process only, that the step's sequence rows could not be read
+    (``reason``), so that the kernel took a call's rows as one sequence. Called by
+    :func:`sequence_bounds` and by the kernel (``csrc/ops.cpp``) on a malformed answer."""
+    global _failure_logged
+    if _failure_logged:
+        return
+    _failure_logged = True
+    logger.warning("omni-quant: the rows of the engine step's sequences could not be read (%s); the W4A8 kernel "
+                   "treats each call's rows as one sequence from now on, so a request batched with others may "
+                   "not compute as it does alone (C09; logged once)", reason)
+
+
 def sequence_bounds(rows: int) -> tuple[int, ...]:
     """Row boundaries of the requests among a call's ``rows`` rows: ``(0, s1, ..., rows)``, each
     range non-empty. Rows past the step's total (padding) are one more range. ``(0, rows)`` when
     there is no step, or when the step does not describe these rows (more rows than the call
-    has, not ascending, not starting at 0): then the call's rows are one request."""
-    starts = sequence_row_starts()
+    has, not ascending, not starting at 0): then the call's rows are one request. Never raises:
+    an error reading the step gives ``(0, rows)`` and is logged once (:func:`report_failure`)."""
+    try:
+        starts = sequence_row_starts()
+    except Exception as exc:  # vLLM's forward context changed shape, or anything else: the kernel must go on
+        report_failure(f"{type(exc).__name__}: {exc}")
+        starts = None
     fits = (starts is not None and len(starts) > 0 and starts[0] == 0 and starts[-1] <= rows
             and all(a <= b for a, b in zip(starts, starts[1:], strict=False)))
     bounds = [0]
