@@ -42,7 +42,13 @@ def _inspect(patch: Patch) -> tuple[list, PatchStatus]:
         if getattr(func, MARKER, None) == patch.name:  # already ours
             resolved.append((owner, attr, value, True))
             continue
-        actual = fingerprint(value)
+        try:
+            actual = fingerprint(value)
+        except (OSError, TypeError) as e:  # no source to read: a builtin, a C function, code made at run time
+            match = False
+            details.append(f"{target}: source fingerprint unavailable ({e}; written for vLLM 0.28.0)")
+            resolved.append((owner, attr, value, False))
+            continue
         if actual != expected:
             match = False
             details.append(f"{target}: source fingerprint {actual[:12]} != {expected[:12]} (written for vLLM 0.28.0)")
@@ -56,14 +62,56 @@ def status() -> list[PatchStatus]:
     return [_inspect(p)[1] for p in all_patches()]
 
 
+_ABSENT = object()
+"""Stands for "the owner had no attribute of its own" (an inherited method) when restoring."""
+
+
+def _set(owner, attr: str, new, undo: list) -> None:
+    """``setattr(owner, attr, new)``; once it succeeded, record in ``undo`` how to put the original back."""
+    original = vars(owner).get(attr, _ABSENT)
+    setattr(owner, attr, new)
+    undo.append((owner, attr, original))
+
+
+def _restore(undo: list) -> list[str]:
+    """Put back every attribute recorded by :func:`_set`, newest first; the ones that could not be."""
+    failed = []
+    for owner, attr, original in reversed(undo):
+        try:
+            if original is _ABSENT:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+        except Exception as e:  # keep restoring the others, then say which failed
+            failed.append(f"{getattr(owner, '__name__', owner)}.{attr} ({e!r})")
+    undo.clear()
+    return failed
+
+
+def _replace(patch: Patch, resolved: list, undo: list) -> None:
+    """Run ``patch.make`` on the originals and set each replacement; every setattr is recorded in ``undo``."""
+    replacements = list(patch.make(*[value for _, _, value, _ in resolved]))
+    if len(replacements) != len(resolved):
+        raise PatchRefused(f"omni-patches: refusing {patch.name}: make() returned {len(replacements)} "
+                           f"replacement(s) for {len(resolved)} target(s) ({', '.join(patch.targets)})")
+    for (owner, attr, _, _), new in zip(resolved, replacements, strict=True):
+        _set(owner, attr, new, undo)
+
+
 def apply_all(patches: list[Patch] | None = None, vllm_version: str | None = None) -> list[str]:
     """Apply every enabled patch (default: :func:`all_patches`) on a CPU platform; return the names applied.
 
-    ``vllm_version`` overrides the installed version read from package metadata (tests).
+    All or nothing: every check runs before the first replacement, and when a patch's ``make``
+    raises, returns a different number of replacements than the patch has targets, or setting a
+    replacement fails, every attribute this call set (of every patch) is put back and no patch is
+    recorded as applied. ``vllm_version`` overrides the installed version read from package
+    metadata (tests).
 
     Raises:
-        PatchRefused: vLLM version outside the supported range, a missing target or a
-            fingerprint mismatch; raised before any patch is applied.
+        PatchRefused: vLLM version outside the supported range, a missing target, a fingerprint
+            mismatch, or targets of one patch partly replaced already (raised before any patch is
+            applied); or a patch whose replacements could not be made or set (raised after every
+            target was restored; the original error is its ``__cause__``).
     """
     from vllm.platforms import current_platform
 
@@ -79,14 +127,26 @@ def apply_all(patches: list[Patch] | None = None, vllm_version: str | None = Non
             continue
         if not st.targets_found or not st.fingerprints_match:
             raise PatchRefused(f"omni-patches: refusing {patch.name}, nothing patched: {st.detail}")
-        plans.append((patch, resolved))
-    for patch, resolved in plans:
-        if all(already for *_, already in resolved):
-            mark_applied(patch.name)
+        done = [already for *_, already in resolved]
+        if any(done) and not all(done):
+            raise PatchRefused(f"omni-patches: refusing {patch.name}, nothing patched: only some of its targets "
+                               f"carry its replacement ({', '.join(patch.targets)})")
+        plans.append((patch, resolved, all(done)))
+    undo: list = []
+    for patch, resolved, already in plans:
+        if already:
             continue
-        replacements = patch.make(*[value for _, _, value, _ in resolved])
-        for (owner, attr, _, _), new in zip(resolved, replacements, strict=False):
-            setattr(owner, attr, new)
+        try:
+            _replace(patch, resolved, undo)
+        except Exception as e:
+            failed = _restore(undo)
+            outcome = ("every target this call had set is restored, nothing patched" if not failed else
+                       f"restoring FAILED for {'; '.join(failed)}: vLLM is left partly patched")
+            why = str(e) if isinstance(e, PatchRefused) else \
+                f"omni-patches: refusing {patch.name}: making or setting its replacements failed: {e!r}"
+            raise PatchRefused(f"{why}; {outcome}") from e
+    for patch, _, already in plans:
         mark_applied(patch.name)
-        logger.info("omni-patches: applied %s", patch.name)
+        if not already:
+            logger.info("omni-patches: applied %s", patch.name)
     return sorted(applied_patches())
