@@ -1,15 +1,21 @@
 """Provenance: where a number came from, collected by small functions into one dict.
 
-Every artifact the harness writes carries the machine-level block from
-:func:`collect` (git, versions, Python, CPU, cores and affinity, environment, command
-line); each arm adds what only it can see (the worker's platform, OMP threads, model
-path, size and hash, quantization, the output head's dtype, patches), reported by the
-arm runner itself and checked against :data:`ARM_KEYS`.
+Every artifact the harness writes (bench, kernel matrix, page bench, fidelity, profile, ledger,
+bits per weight) carries the same block, from :func:`begin` before the measurement and
+:func:`finish` after it, and is written by :func:`write_artifact`: git sha, the names of the
+changed files when the tree is dirty, the omni-quant kernel revision, the CPU model and flags,
+versions, cores and affinity, environment, command line, the digests of the checkpoints it read,
+and a fixed-loop clock probe before and after. An artifact bound for ``harness/results/`` (a
+headline artifact, the ones README and docs quote) is refused on a dirty tree unless the writer
+was given ``--allow-dirty``, which labels it. Each arm of a bench adds what only it can see (the
+worker's platform, OMP threads, model path, size and hash, quantization, the output head's dtype,
+patches), checked against :data:`ARM_KEYS`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -20,8 +26,8 @@ from typing import Any
 
 from harness import REPO
 
-__all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "checkpoint_fingerprint", "collect", "cpu_speed_probe_s",
-           "git_state", "missing_keys"]
+__all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "DirtyTreeError", "begin", "checkpoint_fingerprint", "collect",
+           "cpu_speed_probe_s", "finish", "git_state", "is_headline", "missing_keys", "write_artifact"]
 
 SPEED_CHANGE_PCT = 15.0
 """A probe this much slower or faster after the passes than before labels the artifact: on a shared
@@ -55,6 +61,9 @@ KEYS: dict[str, str] = {
     "command": "list[str]: the harness's full command line",
     "cpu_speed_probe_s": "float: seconds of a fixed single-core integer loop before the first pass (the "
                          "machine's clock as the passes start; compared after the last)",
+    "changed_files": "list[str]|None: paths git reports changed or untracked (empty on a clean tree)",
+    "kernel_revision": "int|None: omni_quant.native.KERNEL_REVISION of the installed omni-quant",
+    "checkpoints": "dict[str, {bytes, sha256}]: every checkpoint the writer itself read (arms report theirs)",
 }
 
 ARM_KEYS: dict[str, str] = {
@@ -70,11 +79,12 @@ ARM_KEYS: dict[str, str] = {
 }
 
 
-def _git(*args: str) -> str | None:
+def _git(*args: str, strip: bool = True) -> str | None:
     try:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
+    return out.strip() if strip else out
 
 
 def git_state(exclude: tuple[Path, ...] = ()) -> str | None:
@@ -110,10 +120,30 @@ def git_state(exclude: tuple[Path, ...] = ()) -> str | None:
 
 
 def collect_git(exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """``git_sha``, ``git_dirty`` (``None`` when git cannot tell) and ``git_state``."""
+    """``git_sha``, ``git_dirty`` (``None`` when git cannot tell), ``changed_files`` (what ``git status``
+    names, renames as their new path) and ``git_state``."""
     sha = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain") if sha else None
-    return {"git_sha": sha, "git_dirty": None if status is None else bool(status), "git_state": git_state(exclude)}
+    status = _git("status", "--porcelain", "-z", strip=False) if sha else None  # " M path": keep the space
+    changed = None
+    if status is not None:
+        entries = [e for e in status.split("\0") if e]
+        changed, i = [], 0
+        while i < len(entries):
+            code, path = entries[i][:2], entries[i][3:]
+            changed.append(path)
+            i += 2 if code[0] in "RC" else 1  # a rename is followed by its old path
+    return {"git_sha": sha, "git_dirty": None if status is None else bool(changed),
+            "changed_files": changed, "git_state": git_state(exclude)}
+
+
+def kernel_revision() -> int | None:
+    """``omni_quant.native.KERNEL_REVISION`` of the omni-quant this interpreter imports, or None
+    where omni-quant is not importable (OpenVINO's own venv)."""
+    try:
+        from omni_quant import native
+    except ImportError:
+        return None
+    return native.KERNEL_REVISION
 
 
 def collect_versions() -> dict[str, Any]:
@@ -158,7 +188,85 @@ def collect(cores: list[int], exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
     out.update(collect_env())
     out["command"] = list(sys.argv)
     out["cpu_speed_probe_s"] = cpu_speed_probe_s()
+    out["kernel_revision"] = kernel_revision()
+    out["checkpoints"] = {}
     return out
+
+
+class DirtyTreeError(RuntimeError):
+    """A headline artifact (bound for ``harness/results/``) was asked for on a tree with uncommitted
+    changes, without ``--allow-dirty``: the code that ran could not be rebuilt from its git sha."""
+
+
+def is_headline(out: Path) -> bool:
+    """Whether ``out`` lies in ``harness/results/``, where the artifacts README and docs quote live."""
+    from harness import RESULTS_DIR
+
+    return Path(out).resolve().is_relative_to(RESULTS_DIR.resolve())
+
+
+def begin(out: Path, *, cores: list[int] | None = None, checkpoints: tuple[str | os.PathLike[str], ...] = (),
+          allow_dirty: bool = False, exclude: tuple[Path, ...] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The provenance block and labels of an artifact about to be measured into ``out``.
+
+    Call it before the measurement: it describes the code and the machine that start. ``cores``
+    defaults to this process's affinity; ``checkpoints`` (files or checkpoint folders) are hashed
+    (sha256 over the weight files, :func:`checkpoint_fingerprint`); ``exclude`` adds the run's own
+    outputs and caches to ``out`` for the git-state digest.
+
+    Raises:
+        DirtyTreeError: ``out`` is a headline artifact, the tree has changes and not ``allow_dirty``;
+            raised before anything is measured, naming the changed files.
+    """
+    own = (Path(out), Path(str(out) + ".partial"), *exclude)
+    prov = collect(sorted(os.sched_getaffinity(0)) if cores is None else cores, own)
+    labels: list[str] = []
+    if prov["git_state"] is None:
+        labels.append("NO GIT PROVENANCE: git could not describe the tree; the code that ran is not identified "
+                      "and changes during the run cannot be detected")
+    elif prov["git_dirty"]:
+        names = ", ".join(prov["changed_files"][:20]) + (" ..." if len(prov["changed_files"]) > 20 else "")
+        if is_headline(out) and not allow_dirty:
+            raise DirtyTreeError(f"refusing to measure {out} on a dirty tree (changed: {names}): commit first, "
+                                 "or pass --allow-dirty to write it labelled DIRTY TREE")
+        labels.append(f"DIRTY TREE: measured on uncommitted changes to {names}; git sha {prov['git_sha']} "
+                      "alone does not rebuild the code that ran")
+    for c in checkpoints:
+        size, sha = checkpoint_fingerprint(c)
+        prov["checkpoints"][str(c)] = {"bytes": size, "sha256": sha}
+    return prov, labels
+
+
+def finish(prov: dict[str, Any], labels: list[str], out: Path, exclude: tuple[Path, ...] = ()) -> None:
+    """After the measurement: the clock probe again and the git state again, labelling (in place) a CPU
+    whose speed moved more than :data:`SPEED_CHANGE_PCT` and code that changed during the run."""
+    prov["cpu_speed_probe_end_s"] = cpu_speed_probe_s()
+    change = 100 * (prov["cpu_speed_probe_end_s"] / prov["cpu_speed_probe_s"] - 1)
+    if abs(change) > SPEED_CHANGE_PCT:
+        labels.append(f"CPU SPEED CHANGED DURING RUN: a fixed loop took {change:+.0f}% after the last pass than "
+                      "before the first; passes far apart in time may not be comparable")
+    end_state = git_state((Path(out), Path(str(out) + ".partial"), *exclude))
+    if prov["git_state"] is not None and end_state != prov["git_state"]:
+        prov["git_state_end"] = end_state
+        labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
+                      "before the first; the passes may not have run the same code")
+
+
+def write_artifact(out: Path, artifact: dict[str, Any]) -> None:
+    """Write ``artifact`` (which must hold ``provenance`` with every :data:`KEYS` key and ``labels``) to
+    ``out`` as indented JSON, atomically (a ``.partial`` sibling renamed into place).
+
+    Raises:
+        ValueError: the artifact lacks its provenance block, a key of it, or its labels.
+    """
+    missing = missing_keys(artifact.get("provenance") or {}, KEYS)
+    if missing or not isinstance(artifact.get("labels"), list):
+        raise ValueError(f"artifact for {out} lacks provenance keys {missing} or its labels list")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(str(out) + ".partial")
+    tmp.write_text(json.dumps(artifact, indent=1) + "\n")
+    os.replace(tmp, out)
 
 
 def missing_keys(block: dict[str, Any], keys: dict[str, str]) -> list[str]:

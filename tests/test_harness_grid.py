@@ -290,7 +290,7 @@ def test_code_changed_during_a_run_is_labelled(tmp_path, case):
     the run's own output is not a code change, and a tree git cannot read is said so."""
     repo, head = _harness_copy(tmp_path / "repo", git=case != "no_git")
     out = tmp_path / "out.json"
-    target = repo / "harness" / "metrics.py"
+    target = repo / "harness" / "grid" / "metrics.py"
     if case == "quiet_out_inside":
         out = repo / "runs" / "out.json"  # the artifact and its caches land inside the checkout
     if case == "untracked_edit":

@@ -1,7 +1,7 @@
 """Side-by-side measurement of arms, with the rules that keep a number honest.
 
     python -m harness bench --spec ARMS.json --passes N --metric NAME[,NAME...]
-        --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy]
+        --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy] [--allow-dirty]
 
 A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}``; ``command``
 is a list (or a string split like a shell would), where ``{python}`` stands for this
@@ -15,7 +15,8 @@ timeout; failures recorded with their stderr tail; "best" by the metric's declar
 direction; no ranking inside the noise; provenance taken before the first pass and
 stamped into the artifact, with a label when the code changed during the run.
 
-Exit status: 0 done; 1 the core guard refused; 2 bad arguments or unknown metric;
+Exit status: 0 done; 1 the core guard refused; 2 bad arguments, unknown metric, or a headline
+artifact (``--out`` in harness/results/) asked for on a dirty tree without ``--allow-dirty``;
 3 ``--check`` found a regression.
 """
 
@@ -261,6 +262,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--check", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per arm pass")
     ap.add_argument("--allow-busy", action="store_true")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="measure into harness/results/ on uncommitted changes (the artifact is labelled DIRTY TREE)")
     ap.add_argument("--max-mean-busy", type=float, default=5.0, help="percent")
     ap.add_argument("--max-core-busy", type=float, default=50.0, help="percent")
     return ap
@@ -283,25 +286,17 @@ def _preflight(args: argparse.Namespace, cores: list[int]) -> tuple[list, list[s
 
 
 def _run_with_provenance(args, spec, cores, labels: list[str]) -> tuple[list, dict]:
-    """The passes, with the code's provenance taken before the first and compared after the last."""
+    """The passes, with the code's provenance taken before the first and compared after the last.
+
+    Raises:
+        provenance.DirtyTreeError: a headline artifact on a dirty tree without ``--allow-dirty``.
+    """
     cache_base = args.out.parent / f"{args.out.stem}.vllm-cache"
-    own = (args.out, args.out.with_suffix(args.out.suffix + ".partial"), cache_base)  # what this run writes
-    prov = provenance.collect(cores, own)  # before the first pass: the code that runs
-    if prov["git_state"] is None:
-        labels.append("NO GIT PROVENANCE: git could not describe the tree; the code that ran is not identified "
-                      "and changes during the run cannot be detected")
+    prov, begun = provenance.begin(args.out, cores=cores, allow_dirty=args.allow_dirty, exclude=(cache_base,))
+    labels += begun
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
     fail_incomplete_passes(runs)
-    prov["cpu_speed_probe_end_s"] = provenance.cpu_speed_probe_s()
-    change = 100 * (prov["cpu_speed_probe_end_s"] / prov["cpu_speed_probe_s"] - 1)
-    if abs(change) > provenance.SPEED_CHANGE_PCT:
-        labels.append(f"CPU SPEED CHANGED DURING RUN: a fixed loop took {change:+.0f}% after the last pass than "
-                      "before the first; passes far apart in time may not be comparable")
-    end_state = provenance.git_state(own)
-    if prov["git_state"] is not None and end_state != prov["git_state"]:
-        prov["git_state_end"] = end_state
-        labels.append("CODE CHANGED DURING RUN: the git state after the last pass differs from the one "
-                      "before the first; the passes may not have run the same code")
+    provenance.finish(prov, labels, args.out, exclude=(cache_base,))
     return runs, prov
 
 
@@ -339,13 +334,6 @@ def _artifact(args, spec, metric_names, findings, labels, runs, prov) -> dict[st
     return artifact
 
 
-def _write_atomically(out: Path, artifact: dict) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".partial")
-    tmp.write_text(json.dumps(artifact, indent=1) + "\n")
-    os.replace(tmp, out)
-
-
 def _print_summary(artifact: dict, runs, out: Path) -> None:
     print()
     print(_table(artifact["summary"], artifact["metrics"]))
@@ -374,9 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     findings, labels, refused = _preflight(args, cores)
     if refused is not None:
         return refused
-    runs, prov = _run_with_provenance(args, spec, cores, labels)
+    try:
+        runs, prov = _run_with_provenance(args, spec, cores, labels)
+    except provenance.DirtyTreeError as e:
+        print(f"harness bench: error: {e}", file=sys.stderr)
+        return 2
     artifact = _artifact(args, spec, [m for m in args.metric.split(",") if m], findings, labels, runs, prov)
-    _write_atomically(args.out, artifact)
+    provenance.write_artifact(args.out, artifact)
     _print_summary(artifact, runs, args.out)
     return 3 if (artifact.get("check") or {}).get("regression") else 0
 

@@ -427,10 +427,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="place every kernel's weight copies (and the read's buffer) as cpu_int4 places its weights "
                          "(transparent huge pages where allowed); default: where torch allocates them")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(argv)
     import torch
 
-    from harness.provenance import collect_cpu, collect_versions, cpu_speed_probe_s
+    from harness import provenance
+
+    out = args.out or RESULTS_DIR / ("kernel_matrix-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    try:
+        prov, labels = provenance.begin(out, cores=sorted(os.sched_getaffinity(0)), allow_dirty=args.allow_dirty)
+    except provenance.DirtyTreeError as e:
+        print(f"harness kernels: error: {e}", file=sys.stderr)
+        return 2
 
     unknown = [m for m in args.models.split(",") if m not in SHAPES]
     if unknown:
@@ -440,7 +449,6 @@ def main(argv: list[str] | None = None) -> int:
     llc = llc_bytes()
     read_bytes = max(ROTATION_BYTES, 4 * llc)
     read = streaming_read(read_bytes, huge=args.huge_pages)  # one buffer for the whole run
-    probe_start = cpu_speed_probe_s()
     samples = []
     results, failed = [], []
     for model in args.models.split(","):
@@ -502,18 +510,15 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "read_bandwidth_gbps": ceiling,
         "read_bandwidth_samples_gbps": samples,
-        "cpu_speed_probe_s": [probe_start, cpu_speed_probe_s()],  # before and after: the clock on a shared host
         "llc_bytes": llc,
         "huge_pages": args.huge_pages,
-        "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
-        "versions": collect_versions(),
         "results": results,
         "failed": failed,
+        "provenance": prov,  # the clock probe before and after (cpu_speed_probe_s, _end_s): a shared host
+        "labels": labels,
     }
-    out = args.out or RESULTS_DIR / (
-        "kernel_matrix-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(artifact, indent=1))
+    provenance.finish(prov, labels, out)
+    provenance.write_artifact(out, artifact)
     print(f"artifact: {out}")
     return 0
 

@@ -16,7 +16,6 @@ artifact gives per-arm medians (ms a step) and the median of the paired ratios w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -78,14 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per arm (in ABBA order)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from harness.provenance import collect_cpu, collect_versions, cpu_speed_probe_s
+    from harness import provenance
     from omni_quant import huge_pages, native
 
     if not native.available():
         print(f"the omni W4A8 kernel is not built ({native.unavailable_reason()})", file=sys.stderr)
+        return 2
+    out = args.out or RESULTS_DIR / ("huge_pages_gemv-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    try:
+        prov, labels = provenance.begin(out, allow_dirty=args.allow_dirty)
+    except provenance.DirtyTreeError as e:
+        print(f"harness pages: error: {e}", file=sys.stderr)
         return 2
     os.environ["OMNI_INT4_HUGE_PAGES"] = "1"
     torch.set_num_threads(args.threads)
@@ -96,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     arms = {"4k_pages": plain, "huge_pages": huge}
     for name in arms:  # warm-up: first touch, code paths
         _step_ms(arms[name], xs)
-    probe_start = cpu_speed_probe_s()
     samples: dict[str, list[float]] = {name: [] for name in arms}
     order = []
     for i in range(args.steps):
@@ -124,14 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         "order": order,
         "samples_ms": samples,
         "summary": summary,
-        "cpu_speed_probe_s": [probe_start, cpu_speed_probe_s()],
-        "cpu": collect_cpu(sorted(os.sched_getaffinity(0))),
-        "versions": collect_versions(),
+        "provenance": prov,
+        "labels": labels,
     }
-    out = args.out or RESULTS_DIR / (
-        "huge_pages_gemv-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(artifact, indent=1))
+    provenance.finish(prov, labels, out)
+    provenance.write_artifact(out, artifact)
     for name in arms:
         s = summary[name]
         print(f"{name:11s} median {s['median_ms']:.2f} ms a step ({s['gbps_at_median']:.1f} GB/s), "

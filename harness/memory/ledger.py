@@ -20,6 +20,7 @@ import json
 import mmap
 import os
 import sys
+import time
 from typing import Any
 
 __all__ = ["group_of", "ledger", "main", "resident_bytes"]
@@ -114,17 +115,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=1024)
+    ap.add_argument("--out", default=None, help="also write every worker's ledger as a JSON artifact here")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from harness import provenance
     from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
+    try:
+        prov, labels = (provenance.begin(args.out, checkpoints=(model,), allow_dirty=args.allow_dirty)
+                        if args.out else ({}, []))
+    except provenance.DirtyTreeError as e:
+        print(f"harness ledger: error: {e}", file=sys.stderr)
+        return 2
     from vllm import LLM
 
     from harness.models.recipe import EngineRecipe
 
     llm = LLM(**EngineRecipe.from_args(model, args, max_num_seqs=4).llm_kwargs())
-    for w in llm.collective_rpc(ledger):
+    workers = llm.collective_rpc(ledger)
+    for w in workers:
         print(f"worker {w['pid']}: RssAnon {w['rss_anon'] / MiB:.1f} MiB, tensors resident "
               f"{w['tensor_resident'] / MiB:.1f} MiB, unexplained {w['unexplained'] / MiB:.1f} MiB")
         for g, v in sorted(w["groups"].items(), key=lambda kv: -kv[1]["bytes"]):
@@ -133,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
         for e in w["largest"][:5]:
             print(f"  largest: {e['names'][0]} {e['bytes'] / MiB:.1f} MiB {e['dtype']}")
         print(json.dumps(w), flush=True)
+    if args.out:
+        provenance.finish(prov, labels, args.out)
+        provenance.write_artifact(args.out, {"kind": "memory_ledger", "created_unix": time.time(), "model": model,
+                                             "params": vars(args), "workers": workers,
+                                             "provenance": prov, "labels": labels})
+        print(f"artifact: {args.out}", flush=True)
     return 0
 
 

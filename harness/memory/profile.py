@@ -66,11 +66,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--out", default=None, help="also write the result as a JSON artifact here")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    from harness import provenance
     from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
+    try:
+        prov, labels = (provenance.begin(args.out, checkpoints=(model,), allow_dirty=args.allow_dirty)
+                        if args.out else ({}, []))
+    except provenance.DirtyTreeError as e:
+        print(f"harness profile: error: {e}", file=sys.stderr)
+        return 2
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -109,14 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result), flush=True)
     if args.out:
         from datetime import UTC, datetime
-        from pathlib import Path
 
-        from harness.provenance import collect_cpu, collect_versions
-
-        artifact = {"kind": "decode_step_profile", "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                    "cpu": collect_cpu(sorted(os.sched_getaffinity(0))), "versions": collect_versions(),
-                    **result, "per_op_us": dict(sorted(per_op.items(), key=lambda kv: -kv[1]))}
-        Path(args.out).write_text(json.dumps(artifact, indent=1))
+        provenance.finish(prov, labels, args.out)
+        provenance.write_artifact(args.out, {
+            "kind": "decode_step_profile", "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            **result, "per_op_us": dict(sorted(per_op.items(), key=lambda kv: -kv[1])),
+            "provenance": prov, "labels": labels})
         print(f"artifact: {args.out}", flush=True)
     return 0
 

@@ -64,7 +64,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness bpw", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as an artifact (JSON)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(argv)
+    from harness import provenance
+
+    try:
+        prov, labels = (provenance.begin(args.out, checkpoints=tuple(args.paths), allow_dirty=args.allow_dirty)
+                        if args.out is not None else ({}, []))
+    except provenance.DirtyTreeError as e:
+        print(f"harness bpw: error: {e}", file=sys.stderr)
+        return 2
     try:
         rows = [bits_per_weight(p) for p in args.paths]
     except ValueError as e:
@@ -73,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['bits_per_weight']:.3f} bits per weight  {row['path']}  {row['types']}")
     if args.out is not None:
-        from harness.provenance import collect_versions
-
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"kind": "bits_per_weight", "created_unix": time.time(),
-                                        "command": ["python", "-m", "harness", "bpw", *(argv or sys.argv[1:])],
-                                        "rows": rows, "versions": collect_versions()}, indent=1) + "\n")
+        provenance.finish(prov, labels, args.out)
+        provenance.write_artifact(args.out, {"kind": "bits_per_weight", "created_unix": time.time(), "rows": rows,
+                                             "provenance": prov, "labels": labels})
         print(f"artifact: {args.out}")
     return 0
 

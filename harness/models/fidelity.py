@@ -113,8 +113,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test", required=True)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None,
-                    help="also write the result as an artifact (JSON with the CPU, versions and omni settings)")
+                    help="also write the result as an artifact (JSON with its provenance and omni settings)")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
     args = ap.parse_args(argv)
+    from harness import provenance
+
+    try:  # both checkpoints' digests: the artifact names exactly what was compared
+        prov, labels = (provenance.begin(args.out, checkpoints=(args.ref, args.test), allow_dirty=args.allow_dirty)
+                        if args.out is not None else ({}, []))
+    except provenance.DirtyTreeError as e:
+        print(f"harness fidelity: error: {e}", file=sys.stderr)
+        return 2
     ref = _run_engine(args.ref, args.gen_len, None)
     test = _run_engine(args.test, args.gen_len, ref["sequences"])
     result = compare(ref, test)
@@ -124,22 +134,19 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({**result, "ref": args.ref, "test": args.test}))
     if args.out is not None:
         from harness.models.bpw import bits_per_weight
-        from harness.provenance import collect_cpu, collect_versions
 
         try:
             bits = bits_per_weight(args.test)
         except ValueError:
             bits = None  # a bf16 or foreign checkpoint: no quantization report to read
-
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
+        provenance.finish(prov, labels, args.out)
+        provenance.write_artifact(args.out, {
             "kind": "fidelity", "created_unix": time.time(),
-            "command": ["python", "-m", "harness.models.fidelity", *argv],
             "result": {**result, "ref": args.ref, "test": args.test, "gen_len": args.gen_len},
             "test_bits_per_weight": bits,
             "omni_env": {k: v for k, v in os.environ.items() if k.startswith(("OMNI_", "VLLM_PLUGINS"))},
-            "cpu": collect_cpu(sorted(os.sched_getaffinity(0))), "versions": collect_versions(),
-        }, indent=1) + "\n")
+            "provenance": prov, "labels": labels,
+        })
         print(f"artifact: {args.out}")
     return 0
 
