@@ -8,7 +8,8 @@ llama-bench does: ``pp_tps`` = ``prompt_len`` / seconds to evaluate the prompt i
 batch; ``tg_tps`` = ``gen_len`` / seconds to decode ``gen_len`` tokens one at a time
 (greedy: argmax of the last logits) after a ``context_len``-token prompt;
 ``rss_anon_tree_mb`` = RssAnon of this process (llama.cpp mmaps the GGUF, whose file
-pages are not anonymous). Thread count = the CPUs this process may use (the harness
+pages are not anonymous); ``start_cold_s`` / ``start_warm_s`` = launch to first token, as for
+every arm (harness/arms/start.py). Thread count = the CPUs this process may use (the harness
 pins it), for prompt and batch alike. ``llama-cpp-python`` is an optional extra
 (``make bench-setup``; pip builds it from source in about 5 minutes).
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="no multi-token batch: feed the context token by token, report no pp_tps")
     args = ap.parse_args(argv)
 
+    from harness.arms import start
     from harness.memory.tree import tree_memory
     from harness.models.registry import MODELS, gguf_path
     from harness.provenance import checkpoint_fingerprint
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     import llama_cpp.llama as llama_module
     import numpy as np
 
+    cache = os.environ.get("VLLM_CACHE_ROOT")
+    cold = start.cache_is_empty(cache)
     path = str(gguf_path(args.model)) if args.model in MODELS else args.model
     threads = len(os.sched_getaffinity(0))
     n_ctx = max(args.prompt_len, args.context_len + args.gen_len) + 8
@@ -89,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             llm.eval(tokens)
 
     llm.reset()
-    feed(prompt(8, 99))  # warm-up, not measured
+    feed(prompt(8, 99))  # warm-up, not measured, but its first token ends the start
+    int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    start_s = start.seconds_since_launch()
+    start.mark_started(cache, "llamacpp")
     pp_s = None
     if not args.decode_only:
         llm.reset()
@@ -113,12 +120,15 @@ def main(argv: list[str] | None = None) -> int:
             **({} if pp_s is None else {"pp_tps": args.prompt_len / pp_s}),
             "tg_tps": args.gen_len / tg_s,
             "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
+            start.metric_name(cold): start_s,
         },
         "provenance": {
             "measured_differently": {
                 "rss_anon_tree_mb": "RssAnon of one process; llama.cpp mmaps the GGUF, so its weights are file "
                                     "pages, not counted (vLLM copies them into anonymous memory)",
                 "pp_tps": "one llama_eval of the prompt batch (llama-bench's pp), not a request through a scheduler",
+                start.metric_name(cold): "launch to first token like every arm; llama.cpp keeps no cache, so cold "
+                                         "is its first start in the run (harness/arms/start.py)",
             },
             "platform": f"llama.cpp via llama-cpp-python {version('llama-cpp-python')}",
             "worker_threads": threads,

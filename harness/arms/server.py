@@ -71,6 +71,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         AssertionError: a request generated fewer tokens than asked for.
     """
     from harness.arms.server_process import free_port, stop_group, wait_healthy
+    from harness.arms.start import metric_name
     from harness.memory.tree import tree_memory
 
     port = free_port()
@@ -123,11 +124,15 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         "pp_tps": args.prompt_len / pp_s,
         "tg_tps": tg,
         "agg_tg_tps": sum(results) / agg_s,
-        ("start_cold_s" if cold else "start_warm_s"): start_s,
+        metric_name(cold): start_s,
         "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
     }
     omni_lines = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace").splitlines() if "omni" in ln]
+    unseen = "not observable from the client; the server's own log lines are in omni_log"
     provenance = {
+        # ARM_KEYS the client cannot see inside the engine core: present, None, and said so
+        "platform": None, "worker_threads": None, "worker_cpus": None, "head_dtype": None, "patches": None,
+        "not_observed": unseen,
         "server_command": cmd,
         "processes_ready": [p.to_dict() for p in tree_ready],
         "omni_log": omni_lines[-30:],

@@ -53,12 +53,6 @@ def _prompt(n: int, offset: int = 0) -> list[int]:
     return [100 + ((i * 7919 + offset) % 40000) for i in range(n)]
 
 
-def _cache_is_empty(root: str | None) -> bool:
-    if not root or not os.path.isdir(root):
-        return True
-    return not any(files for _, _, files in os.walk(root))
-
-
 def _checkpoint_quant_method(model: str) -> str | None:
     try:
         cfg = json.loads((Path(model) / "config.json").read_text())
@@ -99,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     from harness.provenance import checkpoint_fingerprint
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
-    cold = _cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
+    from harness.arms import start
+
+    cold = start.cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -107,13 +103,10 @@ def main(argv: list[str] | None = None) -> int:
     from harness.models.recipe import EngineRecipe
 
     kwargs = EngineRecipe.from_args(model, args).llm_kwargs()
-    import psutil
-
-    launched = psutil.Process().create_time()  # seconds since the epoch
     llm = LLM(**kwargs)
     llm.generate([TokensPrompt(prompt_token_ids=_prompt(8, 98))],
                  SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
-    start_s = time.time() - launched
+    start_s = start.seconds_since_launch()
     tree_ready = tree_memory(os.getpid())
 
     def timed(prompts, max_tokens):
@@ -149,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         "pp_tps": args.prompt_len / pp_s,
         "tg_tps": (args.gen_len - 1) / (t_gen - t_one),
         "agg_tg_tps": args.concurrency * args.gen_len / agg_s,
-        ("start_cold_s" if cold else "start_warm_s"): start_s,
+        start.metric_name(cold): start_s,
         "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
         "rss_anon_worker_mb": w0["rss_anon"] / MiB,
     }
@@ -199,7 +192,9 @@ def _main_server(args: argparse.Namespace) -> int:
     from harness.provenance import checkpoint_fingerprint
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
-    cold = _cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
+    from harness.arms import start
+
+    cold = start.cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
     log = REPO_ROOT / ".cache" / f"run_vllm-server-{os.getpid()}.log"
     metrics, server = measure_server(model, args, _prompt, cold, log)
     size, sha = checkpoint_fingerprint(model)
