@@ -44,3 +44,37 @@ def test_a_fidelity_table_row_is_the_artifacts_own_numbers(tmp_path):
     bench = sorted((REPO / "harness" / "results").glob("decode_vs_llamacpp-*.json"))[0].relative_to(REPO)
     with pytest.raises(ValueError, match="not a fidelity or bits-per-weight one"):
         fidelity_table([str(bench)])
+
+
+def test_prose_figures_carry_their_labels_and_exist_in_their_artifacts():
+    from harness.artifacts.prose import check
+
+    problems = check(DOCS, REPO)
+    assert not problems, "figures in prose (run `python -m harness results docs` for the label tags):\n" + "\n".join(
+        problems[:30])
+
+
+def test_the_prose_rules_catch_each_breach(tmp_path):
+    """Not vacuous: a figure the artifact does not hold, a missing label tag and a retracted artifact
+    are each caught; the tag that ``results docs`` writes satisfies the label rule."""
+    import json
+
+    from harness.artifacts.prose import check, tag_mentions
+
+    results = tmp_path / "harness" / "results"
+    results.mkdir(parents=True)
+    (results / "a.json").write_text(json.dumps({"labels": ["CPU SPEED CHANGED DURING RUN: x"],
+                                                "provenance": {"git_sha": "abc", "git_dirty": False},
+                                                "summary": {"tg_tps": [{"median": 28.664}]}}))
+    (results / "old.json").write_text(json.dumps({"retracted": True, "provenance": {"git_sha": "abc"}, "v": 1.5}))
+    doc = tmp_path / "d.md"
+    doc.write_text("Decode `harness/results/a.json` ran at 28.66 and 31.20 tok/s.\n\n"
+                   "Once `harness/results/old.json` said 1.5.\n")
+    found = check([doc], tmp_path)
+    assert any("a.json quoted without its labels [CPU SPEED CHANGED DURING RUN]" in p for p in found)
+    assert any("31.20 is in none of harness/results/a.json" in p for p in found)
+    assert not any("28.66" in p for p in found)
+    assert any("old.json is retracted" in p for p in found)
+    doc.write_text(tag_mentions(doc.read_text(), tmp_path).replace(" and 31.20", ""))
+    assert "`harness/results/a.json` [CPU SPEED CHANGED DURING RUN] ran" in doc.read_text()
+    assert [p for p in check([doc], tmp_path) if "a.json" in p] == []

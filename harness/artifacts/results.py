@@ -132,8 +132,11 @@ def fidelity_table(paths: list[Path]) -> str:
 def render_docs(files: list[Path], write: bool = True) -> list[Path]:
     """Regenerate every table between ``<!-- results-table: ARTIFACT [metrics=a,b] -->`` and
     ``<!-- /results-table -->`` in ``files`` (artifact paths relative to the repository; several
-    fidelity or bits-per-weight artifacts make one :func:`fidelity_table`); return the files whose
-    text changed (rewritten when ``write``)."""
+    fidelity or bits-per-weight artifacts make one :func:`fidelity_table`), and tag every artifact
+    mention in prose with the artifact's labels (:func:`harness.artifacts.prose.tag_mentions`);
+    return the files whose text changed (rewritten when ``write``)."""
+    from harness.artifacts.prose import tag_mentions
+
     repo = RESULTS_DIR.parent.parent
     changed = []
     for f in files:
@@ -150,7 +153,7 @@ def render_docs(files: list[Path], write: bool = True) -> list[Path]:
             out += [text[pos:head_end], "\n", body, "\n"]
             pos = end
         out.append(text[pos:])
-        new = "".join(out)
+        new = tag_mentions("".join(out), repo)
         if new != text:
             changed.append(f)
             if write:
