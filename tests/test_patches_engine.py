@@ -1,10 +1,14 @@
 """Each patch in the real process layout: the upstream bug with the patch off, its absence with it on."""
 
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
-from conftest import clean_env, run_engine
+from conftest import ENGINE_PROBE, REPO, clean_env, run_engine
 
 pytestmark = pytest.mark.engine
 
@@ -88,3 +92,20 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
     assert "Directly load AOT compilation" in on.log
     assert "Compiling model again" not in on.log
     assert on["token_ids"] == off1["token_ids"] == off2["token_ids"]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_c17_pipeline_parallel_bug_without_the_patch(tiny_llama):
+    """pipeline_parallel_size=2, eager, the patch switched off: the second stage fails at the first
+    request (C17). With the patch: tests/test_scale_out.py::test_c17_pp2_greedy_equals_pp1. The
+    probe runs here rather than through run_engine, whose failure message keeps only the log's tail."""
+    config = {"llm": {"model": str(tiny_llama), "enforce_eager": True, "skip_tokenizer_init": True,
+                      "max_model_len": 256, "max_num_seqs": 2, "dtype": "float32", "pipeline_parallel_size": 2},
+              "prompts": [[1, 17, 42, 99, 7]], "max_tokens": 4}
+    env = clean_env(VLLM_PLUGINS="omni", OMNI_PATCH_PIPELINE_PARALLEL_OFF="1", VLLM_ALLOW_INSECURE_SERIALIZATION="1")
+    proc = subprocess.run([sys.executable, str(ENGINE_PROBE), json.dumps(config)], env=env, capture_output=True,
+                          text=True, timeout=600, cwd=REPO)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0, "the first request succeeded without the patch: is the bug fixed upstream?"
+    assert re.search(r"Worker_PP1.*assert self\.intermediate_tensors is not None", log), log[-3000:]
+    assert "pipeline stage 1: intermediate tensors" not in log

@@ -5,8 +5,8 @@ vLLM 0.28 checks ``allowed_token_ids`` and ``logit_bias`` keys in ``SamplingPara
 from ``InputProcessor._validate_params`` (``vllm/v1/engine/input_processor.py``) before the
 platform's ``validate_request`` hook, where OmniPlatform checks every id
 (:mod:`omni_platform.request_checks`). Its error is a ``VLLMValidationError``, which is not a
-``ValueError`` in 0.28, and names no vocabulary size ("allowed_token_ids contains out-of-vocab token
-id!"). The replacement runs omni's check of the sampling fields (``stop_token_ids``,
+``ValueError`` in 0.28, and for ``allowed_token_ids`` names no vocabulary size ("allowed_token_ids
+contains out-of-vocab token id!"). The replacement runs omni's check of the sampling fields (``stop_token_ids``,
 ``allowed_token_ids``, ``logit_bias`` keys) first, then the original: the error is omni's
 ``TokenIdOutOfRange`` (both a ``VLLMValidationError``, so the server still answers 400, and a
 ``ValueError``). Requests without a bad id take the original path unchanged.
