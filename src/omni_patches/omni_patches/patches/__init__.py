@@ -18,7 +18,8 @@ class Patch:
 
     ``targets`` maps ``"module:Qualified.attr"`` to the sha256 of its source in the
     supported vLLM; ``make`` receives the originals (same order) and returns the
-    replacements; ``disable_env`` switches the patch off when set to ``1``.
+    replacements, exactly one per target in the same order (``apply_all`` refuses any other
+    count and restores what it set); ``disable_env`` switches the patch off when set to ``1``.
     """
 
     name: str
