@@ -1,9 +1,9 @@
 """The skips this suite allows under CI, declared in one place, and the hooks that enforce it.
 
-A test may skip because of the machine it runs on: its CPU's instruction set, or how many CPUs it
-has. Those conditions are declared below (:data:`DECLARED`), each with a name, a fixed reason and
-the predicate that decides it; tests use them through :meth:`Condition.mark` or
-:meth:`Condition.skip_if_holds`, never with a reason of their own.
+A test may skip because of the machine it runs on: its CPU's instruction set, how many CPUs it
+has, or its kernel's transparent huge pages setting. Those conditions are declared below
+(:data:`DECLARED`), each with a name, a fixed reason and the predicate that decides it; tests use
+them through :meth:`Condition.mark` or :meth:`Condition.skip_if_holds`, never with a reason of their own.
 
 Under CI (the variable ``CI`` set, non-empty, not ``0``/``false``; ``bash .ci/run`` sets it) the
 hooks below (registered by ``tests/conftest.py``) turn every other skip into a failure that names
@@ -14,9 +14,6 @@ Outside CI every skip stays a skip. Not declared, on purpose (a failure under CI
   naming the compiler's error); elsewhere cpu_int4 falls back to torch's int4 kernel.
 - ``conftest.needs_default_layout``: the user set ``VLLM_ENABLE_V1_MULTIPROCESSING`` for the run;
   CI does not set it.
-- ``test_huge_pages``: the host's transparent huge pages off (``never``). That is the host's
-  setting, not the CPU's: a CI host must enable THP (``madvise`` or ``always``) for the huge-page
-  test to mean anything, so there its skip fails.
 - anything else: ``pytest.importorskip`` of a package the environment must have, an empty
   parametrization (``ISAS`` empty without the kernel), a ``skipif`` with a reason of its own.
 """
@@ -135,6 +132,21 @@ MORE_CPUS_THAN_FEW = declare(
 MORE_CORES_THAN_FEW = declare(
     "cores-more-than-few", "more physical cores than OMNI_FEW_CPUS: the small-machine step budget does not apply",
     lambda: _allowed_physical_cores() > _few_cpus_default())
+
+
+# ---- The host's memory settings ---------------------------------------------------------------
+
+def _thp_unusable() -> bool:
+    from omni_quant import huge_pages
+
+    root = Path("/sys/kernel/mm/transparent_hugepage")
+    return (huge_pages.thp_mode(root / "enabled") not in ("always", "madvise")
+            or huge_pages.thp_mode(root / "defrag") == "never")
+
+
+NO_THP = declare(
+    "host-no-thp", "the kernel's transparent huge pages are off or never defragmented (a host setting: "
+    "a huge page is used only when one happens to be free)", _thp_unusable)
 
 
 # ---- Not declared: fails under CI ---------------------------------------------------------------

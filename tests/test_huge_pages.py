@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from omni_quant import huge_pages
+from skips import NO_THP
 
 
 def _mapping_of(addr: int) -> dict[str, int]:
@@ -62,12 +63,7 @@ def test_thp_mode_reads_the_bracketed_word(tmp_path):
 
 
 def test_placed_weights_are_backed_by_huge_pages(monkeypatch):
-    mode = huge_pages.thp_mode()
-    if mode not in ("always", "madvise"):
-        pytest.skip(f"this kernel's THP mode is {mode}")
-    defrag = huge_pages.thp_mode(Path("/sys/kernel/mm/transparent_hugepage/defrag"))
-    if defrag == "never":
-        pytest.skip("THP defrag is 'never': a huge page is used only when one happens to be free")
+    NO_THP.skip_if_holds()
     monkeypatch.setenv("OMNI_INT4_HUGE_PAGES", "1")
     t = torch.ones(16 << 20, dtype=torch.uint8)
     out = huge_pages.place(t)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from harness import provenance
 from harness.kernels import matrix as kernel_bench
 from harness.kernels import pages as page_bench
 from omni_quant import native
@@ -43,4 +44,5 @@ def test_the_artifact_pairs_the_arms(tiny, tmp_path):
     assert len(data["samples_ms"]["4k_pages"]) == len(data["samples_ms"]["huge_pages"]) == 4
     ratio = data["summary"]["paired_ratio_huge_over_4k"]
     assert ratio["n"] == 4 and ratio["q1"] <= ratio["median"] <= ratio["q3"]
-    assert "cpu_flags" in json.dumps(data["cpu"])
+    assert data["provenance"]["cpu_flags"] == provenance.collect_cpu([])["cpu_flags"] and "labels" in data
+    assert data["provenance"]["kernel_revision"] == native.KERNEL_REVISION
