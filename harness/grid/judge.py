@@ -156,7 +156,7 @@ def judge_runs(runs: list[dict], tags: list[str],
         summary[m.name] = [r.to_dict() for r in rows]
         verdict = judge(rows, m).to_dict()
         how = {r["tag"]: (r.get("arm_provenance") or {}).get("measured_differently", {}).get(m.name)
-               for r in runs if r["ok"]}
+               for r in runs if r["ok"] and m.name in r["metrics"]}  # only arms that reported the metric
         how = {t: h for t, h in how.items() if h}
         if how:
             verdict["text"] += "; measured differently: " + "; ".join(f"{t} ({h})" for t, h in sorted(how.items()))
