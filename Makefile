@@ -10,6 +10,11 @@ STAMP  := $(VENV)/.omni-setup
 MODEL  ?= smollm2-135m-int4
 PORT   ?= 8000
 PYTEST_ARGS ?=
+# Two pytest workers on a 2-core machine: much of the suite is single-threaded (imports, conversion,
+# checkpoints built on the fly), so a second worker overlaps it with the engines; a module stays on one
+# worker (--dist loadscope), so its engines and fixtures are shared as before. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
 
 # CI (the variable CI set, non-empty, not 0/false; `bash .ci/run` sets it): the W4A8 kernel must build
 # (setup.py's OMNI_QUANT_REQUIRE_KERNEL, and the check below), and the suite fails on any skip that
@@ -150,11 +155,11 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 test: $(STAMP) $(LCP_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python once)
 	$(if $(CI_ON),$(KERNEL_CHECK))
 	$(PY) -m harness models fetch smollm2-135m-int4
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)  ## the tests not marked engine: no engine start, no llama.cpp build
 	$(PY) -m harness models fetch smollm2-135m-int4
-	$(PY) -m pytest -m "not engine" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not engine" $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff over the repository (settings in pyproject.toml)
 	$(VENV)/bin/ruff check .
