@@ -27,7 +27,8 @@ from typing import Any
 from harness import REPO
 
 __all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "DirtyTreeError", "begin", "checkpoint_fingerprint", "collect",
-           "cpu_speed_probe_s", "finish", "git_state", "is_headline", "missing_keys", "write_artifact"]
+           "cpu_speed_probe_s", "add_allow_dirty", "begin_or_exit", "finish", "git_state", "is_headline",
+           "missing_keys", "write_artifact"]
 
 SPEED_CHANGE_PCT = 15.0
 """A probe this much slower or faster after the passes than before labels the artifact: on a shared
@@ -235,6 +236,28 @@ def begin(out: Path, *, cores: list[int] | None = None, checkpoints: tuple[str |
         size, sha = checkpoint_fingerprint(c)
         prov["checkpoints"][str(c)] = {"bytes": size, "sha256": sha}
     return prov, labels
+
+
+def add_allow_dirty(ap) -> None:
+    """Give an artifact writer's ``argparse`` parser the ``--allow-dirty`` switch :func:`begin` reads."""
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="write into harness/results/ on uncommitted changes (the artifact is labelled DIRTY TREE)")
+
+
+def begin_or_exit(out: Path | str | None, command: str, **kwargs: Any) -> tuple[dict[str, Any], list[str]]:
+    """:func:`begin` for a command line: ``({}, [])`` when there is no ``out`` to write; on a refused
+    dirty tree, the reason on stderr as ``harness COMMAND: error: ...`` and exit status 2.
+
+    Raises:
+        SystemExit: 2, when :func:`begin` raised :class:`DirtyTreeError`.
+    """
+    if out is None:
+        return {}, []
+    try:
+        return begin(Path(out), **kwargs)
+    except DirtyTreeError as e:
+        print(f"harness {command}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def finish(prov: dict[str, Any], labels: list[str], out: Path, exclude: tuple[Path, ...] = ()) -> None:

@@ -262,8 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--check", type=Path, default=None)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per arm pass")
     ap.add_argument("--allow-busy", action="store_true")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="measure into harness/results/ on uncommitted changes (the artifact is labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     ap.add_argument("--max-mean-busy", type=float, default=5.0, help="percent")
     ap.add_argument("--max-core-busy", type=float, default=50.0, help="percent")
     return ap

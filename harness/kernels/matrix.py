@@ -69,7 +69,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -78,7 +77,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS_DIR
+from harness import RESULTS_DIR, provenance
 from harness.memory.tree import anon_huge_bytes
 
 __all__ = ["ROTATION_BYTES", "SHAPES", "llc_bytes", "main", "rotation_copies", "streaming_read"]
@@ -427,19 +426,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="place every kernel's weight copies (and the read's buffer) as cpu_int4 places its weights "
                          "(transparent huge pages where allowed); default: where torch allocates them")
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
     import torch
 
-    from harness import provenance
-
     out = args.out or RESULTS_DIR / ("kernel_matrix-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
-    try:
-        prov, labels = provenance.begin(out, cores=sorted(os.sched_getaffinity(0)), allow_dirty=args.allow_dirty)
-    except provenance.DirtyTreeError as e:
-        print(f"harness kernels: error: {e}", file=sys.stderr)
-        return 2
+    prov, labels = provenance.begin_or_exit(out, "kernels", allow_dirty=args.allow_dirty)
 
     unknown = [m for m in args.models.split(",") if m not in SHAPES]
     if unknown:

@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from harness import RESULTS_DIR
+from harness import RESULTS_DIR, provenance
 
 __all__ = ["LAYERS", "main", "step_weights"]
 
@@ -77,23 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per arm (in ABBA order)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from harness import provenance
     from omni_quant import huge_pages, native
 
     if not native.available():
         print(f"the omni W4A8 kernel is not built ({native.unavailable_reason()})", file=sys.stderr)
         return 2
     out = args.out or RESULTS_DIR / ("huge_pages_gemv-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + ".json")
-    try:
-        prov, labels = provenance.begin(out, allow_dirty=args.allow_dirty)
-    except provenance.DirtyTreeError as e:
-        print(f"harness pages: error: {e}", file=sys.stderr)
-        return 2
+    prov, labels = provenance.begin_or_exit(out, "pages", allow_dirty=args.allow_dirty)
     os.environ["OMNI_INT4_HUGE_PAGES"] = "1"
     torch.set_num_threads(args.threads)
     plain = step_weights(args.model)

@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from harness import provenance
+
 __all__ = ["group_of", "ledger", "main", "resident_bytes"]
 
 MiB = 1 << 20
@@ -116,20 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=1024)
     ap.add_argument("--out", default=None, help="also write every worker's ledger as a JSON artifact here")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from harness import provenance
     from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
-    try:
-        prov, labels = (provenance.begin(args.out, checkpoints=(model,), allow_dirty=args.allow_dirty)
-                        if args.out else ({}, []))
-    except provenance.DirtyTreeError as e:
-        print(f"harness ledger: error: {e}", file=sys.stderr)
-        return 2
+    prov, labels = provenance.begin_or_exit(args.out, "ledger", checkpoints=(model,), allow_dirty=args.allow_dirty)
     from vllm import LLM
 
     from harness.models.recipe import EngineRecipe

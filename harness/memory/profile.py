@@ -19,6 +19,8 @@ import os
 import sys
 from typing import Any
 
+from harness import provenance
+
 __all__ = ["classify", "main"]
 
 _GEMM = ("mm", "addmm", "linear", "matmul", "bmm", "int4pack", "gemm", "onednn", "mkldnn")
@@ -66,20 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--out", default=None, help="also write the result as a JSON artifact here")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from harness import provenance
     from harness.models.registry import MODELS, fetch
 
     model = str(fetch(args.model)) if args.model in MODELS else args.model
-    try:
-        prov, labels = (provenance.begin(args.out, checkpoints=(model,), allow_dirty=args.allow_dirty)
-                        if args.out else ({}, []))
-    except provenance.DirtyTreeError as e:
-        print(f"harness profile: error: {e}", file=sys.stderr)
-        return 2
+    prov, labels = provenance.begin_or_exit(args.out, "profile", checkpoints=(model,), allow_dirty=args.allow_dirty)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

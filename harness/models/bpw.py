@@ -20,6 +20,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from harness import provenance
+
 __all__ = ["bits_per_weight", "main"]
 
 
@@ -64,17 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness bpw", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as an artifact (JSON)")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
-    from harness import provenance
-
-    try:
-        prov, labels = (provenance.begin(args.out, checkpoints=tuple(args.paths), allow_dirty=args.allow_dirty)
-                        if args.out is not None else ({}, []))
-    except provenance.DirtyTreeError as e:
-        print(f"harness bpw: error: {e}", file=sys.stderr)
-        return 2
+    prov, labels = provenance.begin_or_exit(args.out, "bpw", checkpoints=tuple(args.paths),
+                                            allow_dirty=args.allow_dirty)
     try:
         rows = [bits_per_weight(p) for p in args.paths]
     except ValueError as e:

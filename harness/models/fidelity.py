@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import REPO
+from harness import REPO, provenance
 
 __all__ = ["compare", "main"]
 
@@ -114,17 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--out", type=Path, default=None,
                     help="also write the result as an artifact (JSON with its provenance and omni settings)")
-    ap.add_argument("--allow-dirty", action="store_true",
-                    help="write into harness/results/ on uncommitted changes (labelled DIRTY TREE)")
+    provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
-    from harness import provenance
-
-    try:  # both checkpoints' digests: the artifact names exactly what was compared
-        prov, labels = (provenance.begin(args.out, checkpoints=(args.ref, args.test), allow_dirty=args.allow_dirty)
-                        if args.out is not None else ({}, []))
-    except provenance.DirtyTreeError as e:
-        print(f"harness fidelity: error: {e}", file=sys.stderr)
-        return 2
+    # both checkpoints' digests: the artifact names exactly what was compared
+    prov, labels = provenance.begin_or_exit(args.out, "fidelity", checkpoints=(args.ref, args.test),
+                                            allow_dirty=args.allow_dirty)
     ref = _run_engine(args.ref, args.gen_len, None)
     test = _run_engine(args.test, args.gen_len, ref["sequences"])
     result = compare(ref, test)
