@@ -26,8 +26,8 @@ from typing import Any
 
 from harness import REPO
 
-__all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "DirtyTreeError", "begin", "checkpoint_fingerprint", "collect",
-           "cpu_speed_probe_s", "add_allow_dirty", "begin_or_exit", "finish", "git_state", "is_headline",
+__all__ = ["ARM_KEYS", "KEYS", "SPEED_CHANGE_PCT", "DirtyTreeError", "OutPathError", "begin", "checkpoint_fingerprint",
+           "collect", "cpu_speed_probe_s", "add_allow_dirty", "begin_or_exit", "finish", "git_state", "is_headline",
            "missing_keys", "write_artifact"]
 
 SPEED_CHANGE_PCT = 15.0
@@ -80,6 +80,11 @@ ARM_KEYS: dict[str, str] = {
 }
 
 
+RESULTS_REL = "harness/results"
+"""The artifacts' folder, relative to the repository: outputs of runs, never counted as changed code (an
+earlier step's artifact, a retraction or a re-judged verdict does not make the tree dirty)."""
+
+
 def _git(*args: str, strip: bool = True) -> str | None:
     try:
         out = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout
@@ -93,19 +98,19 @@ def git_state(exclude: tuple[Path, ...] = ()) -> str | None:
 
     It covers ``git rev-parse HEAD``, ``git diff HEAD`` (tracked edits, staged or not) and
     the name and bytes of every untracked, not ignored file outside ``exclude`` (the
-    run's own output and caches). Two equal digests mean the same code; the harness
-    compares the one taken before the first pass with one taken after the last, so that
-    code edited or committed during a run is labelled instead of being stamped as the
-    code that ran. ``None`` when git cannot describe the tree (no checkout, git missing,
+    run's own output and caches) and outside ``harness/results/`` (artifacts, not code). Two
+    equal digests mean the same code; the harness compares the one taken before the first pass
+    with one taken after the last, so that code edited or committed during a run is labelled
+    instead of being stamped as the code that ran. ``None`` when git cannot describe the tree (no checkout, git missing,
     or a repository git refuses to read).
     """
     head = _git("rev-parse", "HEAD")
     if head is None:
         return None
     h = hashlib.sha256(head.encode())
-    h.update((_git("diff", "HEAD", "--binary") or "").encode())
+    h.update((_git("diff", "HEAD", "--binary", "--", ".", f":(exclude){RESULTS_REL}") or "").encode())
     top = Path(_git("rev-parse", "--show-toplevel") or REPO)
-    skip = [e.resolve() for e in exclude]
+    skip = [e.resolve() for e in (*exclude, REPO / RESULTS_REL)]
     for rel in sorted((_git("ls-files", "--others", "--exclude-standard", "-z") or "").split("\0")):
         if not rel:
             continue
@@ -131,7 +136,8 @@ def collect_git(exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
         changed, i = [], 0
         while i < len(entries):
             code, path = entries[i][:2], entries[i][3:]
-            changed.append(path)
+            if not path.startswith(RESULTS_REL + "/"):  # artifacts are what runs write, not code that runs
+                changed.append(path)
             i += 2 if code[0] in "RC" else 1  # a rename is followed by its old path
     return {"git_sha": sha, "git_dirty": None if status is None else bool(changed),
             "changed_files": changed, "git_state": git_state(exclude)}
@@ -199,6 +205,30 @@ class DirtyTreeError(RuntimeError):
     changes, without ``--allow-dirty``: the code that ran could not be rebuilt from its git sha."""
 
 
+class OutPathError(ValueError):
+    """An artifact's ``--out`` cannot be written, or would overwrite a published artifact."""
+
+
+def out_problem(out: Path) -> str | None:
+    """Why ``out`` cannot take a new artifact, or None: checked before anything is measured (a run of an
+    hour must not end in a path error). A file already in ``harness/results/`` is a published artifact
+    and is never overwritten (retract it instead)."""
+    out = Path(out)
+    if out.exists() and not out.is_file():
+        return f"--out {out} exists and is not a file"
+    if out.exists() and is_headline(out):
+        return (f"--out {out} is a published artifact, never overwritten: choose a new name, or retract it "
+                "(python -m harness results retract FILE --reason ...)")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {out}: {parent} is a file, not a directory"
+    if not os.access(parent, os.W_OK):
+        return f"--out {out}: {parent} is not writable"
+    return None
+
+
 def is_headline(out: Path) -> bool:
     """Whether ``out`` lies in ``harness/results/``, where the artifacts README and docs quote live."""
     from harness import RESULTS_DIR
@@ -216,9 +246,13 @@ def begin(out: Path, *, cores: list[int] | None = None, checkpoints: tuple[str |
     outputs and caches to ``out`` for the git-state digest.
 
     Raises:
+        OutPathError: ``out`` cannot be written, or is a published artifact (:func:`out_problem`).
         DirtyTreeError: ``out`` is a headline artifact, the tree has changes and not ``allow_dirty``;
             raised before anything is measured, naming the changed files.
     """
+    problem = out_problem(Path(out))
+    if problem:
+        raise OutPathError(problem)
     own = (Path(out), Path(str(out) + ".partial"), *exclude)
     prov = collect(sorted(os.sched_getaffinity(0)) if cores is None else cores, own)
     labels: list[str] = []
@@ -249,13 +283,13 @@ def begin_or_exit(out: Path | str | None, command: str, **kwargs: Any) -> tuple[
     dirty tree, the reason on stderr as ``harness COMMAND: error: ...`` and exit status 2.
 
     Raises:
-        SystemExit: 2, when :func:`begin` raised :class:`DirtyTreeError`.
+        SystemExit: 2, when :func:`begin` raised :class:`DirtyTreeError` or :class:`OutPathError`.
     """
     if out is None:
         return {}, []
     try:
         return begin(Path(out), **kwargs)
-    except DirtyTreeError as e:
+    except (DirtyTreeError, OutPathError) as e:
         print(f"harness {command}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 

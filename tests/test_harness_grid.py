@@ -389,3 +389,35 @@ def test_a_failed_pass_names_the_first_exception_its_stderr_shows(tmp_path):
     assert failed and all(r["reason"] == "exit status 1 (AttributeError: '_OpNamespace' '_C' object has no "
                           "attribute 'cpu_gemm_wna16')" for r in failed), failed[0]["reason"]
     assert all("cpu_gemm_wna16" not in r["stderr_tail"] for r in failed), "the tail alone would not have said"
+
+
+def test_an_arm_whose_output_cannot_be_judged_fails_its_pass_and_the_run_is_kept(tmp_path):
+    """An integer too large for a float, or a provenance that is not an object, fails that pass with the
+    reason; the grid goes on, the artifact is written and every arm is named in the verdict."""
+    huge = "print('{\"tokens_per_s\": 1' + '0' * 400 + '}')"
+    prov = "print('{\"metrics\": {\"tokens_per_s\": 10}, \"provenance\": 5}')"
+    ok = "print('{\"tokens_per_s\": 7.0}')"
+    proc, art = _bench(tmp_path, [_arm("huge", huge), _arm("prov", prov), _arm("ok", ok)], passes=2)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    reasons = {r["tag"]: r["reason"] for r in art["runs"] if not r["ok"]}
+    assert "non-finite metric(s) ['tokens_per_s']" in reasons["huge"]
+    assert '"provenance" (and its "measured_differently") must be JSON objects, got 5' in reasons["prov"]
+    text = art["verdict"]["text"]
+    assert "judged alone: ok" in text and "huge (0 good pass(es), 2 failed" in text and "prov (0 good" in text
+
+
+def test_out_is_checked_before_any_pass_and_a_published_artifact_is_never_overwritten(tmp_path):
+    marker = tmp_path / "ran"
+    arm = _arm("x", f"open({str(marker)!r}, 'w'); print('{{\"tokens_per_s\": 1}}')")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arms": [arm]}))
+    (tmp_path / "afile").write_text("x")
+    published = sorted((REPO / "harness" / "results").glob("decode_vs_llamacpp-*.json"))[0]
+    for out, words in ((tmp_path / "afile" / "x.json", "is a file, not a directory"),
+                       (published, "is a published artifact, never overwritten")):
+        before = published.read_bytes()
+        proc = subprocess.run([*BENCH, "--spec", str(spec), "--passes", "1", "--metric", "tokens_per_s", "--cores",
+                               CORES, "--out", str(out), "--allow-busy"], capture_output=True, text=True, timeout=120,
+                              cwd=REPO)
+        assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+        assert not marker.exists() and published.read_bytes() == before

@@ -110,3 +110,16 @@ def test_write_artifact_refuses_an_artifact_without_provenance(tmp_path):
     with pytest.raises(ValueError, match="lacks provenance keys"):
         provenance.write_artifact(tmp_path / "x.json", {"kind": "x", "labels": [], "provenance": {"git_sha": "a"}})
     assert not (tmp_path / "x.json").exists()
+
+
+def test_an_earlier_artifact_in_results_does_not_make_the_tree_dirty(tmp_path, gguf):
+    """make bench-user writes a fidelity artifact, then a bench into harness/results/: artifacts are
+    outputs of runs, not code, so the second headline artifact is measured on a clean tree."""
+    repo = _harness_copy(tmp_path / "repo")
+    bpw = [sys.executable, "-m", "harness", "bpw", str(gguf), "--out"]
+    for name in ("first.json", "second.json"):
+        proc = subprocess.run([*bpw, str(repo / "harness" / "results" / name)], capture_output=True, text=True,
+                              cwd=repo, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    art = json.loads((repo / "harness" / "results" / "second.json").read_text())
+    assert art["provenance"]["changed_files"] == [] and art["provenance"]["git_dirty"] is False

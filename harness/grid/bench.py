@@ -231,13 +231,9 @@ def _validate(args: argparse.Namespace) -> str | None:
         return f"--cores {args.cores!r} is not a CPU list like 0-1 or 0,2"
     if not cores:
         return "--cores names no CPU"
-    if args.out.exists() and not args.out.is_file():
-        return f"--out {args.out} exists and is not a file"
-    parent = args.out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not os.access(parent, os.W_OK):
-        return f"--out {args.out}: {parent} is not writable"
+    out_problem = provenance.out_problem(args.out)
+    if out_problem:
+        return out_problem
     if args.check is not None:
         try:
             expect = json.loads(args.check.read_text())
@@ -363,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         return refused
     try:
         runs, prov = _run_with_provenance(args, spec, cores, labels)
-    except provenance.DirtyTreeError as e:
+    except (provenance.DirtyTreeError, provenance.OutPathError) as e:
         print(f"harness bench: error: {e}", file=sys.stderr)
         return 2
     artifact = _artifact(args, spec, [m for m in args.metric.split(",") if m], findings, labels, runs, prov)

@@ -47,7 +47,9 @@ def summarize(tag: str, values: list[float], failed: int, metric: Metric) -> Arm
     values = [v for v, b in zip(values, bad, strict=True) if not b]
     if not values:
         # an arm that never reports a metric (llama.cpp has no 8-stream run) has not failed
-        return ArmSummary(tag, 0, failed, None, None, None, None, None, "no good pass" if failed else "not reported")
+        why = "; ".join(dict.fromkeys(b for b in bad if b))
+        label = ("no good pass" + (f" (invalid: {why})" if why else "")) if failed else "not reported"
+        return ArmSummary(tag, 0, failed, None, None, None, None, None, label)
     med = statistics.median(values)
     lo, hi = min(values), max(values)
     spread = (hi - lo) / abs(med) * 100 if med else float("inf")
@@ -84,7 +86,9 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
     ranked = [s for s in summaries if s.n >= 2 and s.median is not None]
     excluded = _excluded(summaries)
     if len(ranked) < 2:
-        return Verdict(None, False, "NOT A RANKING: fewer than two arms with at least two good passes" + excluded)
+        alone = f"; judged alone: {ranked[0].tag} ({ranked[0].n} good passes)" if ranked else ""
+        return Verdict(None, False, "NOT A RANKING: fewer than two arms with at least two good passes" + alone
+                       + excluded)
     reverse = metric.direction.value == "higher"
     ranked.sort(key=lambda s: s.median, reverse=reverse)
     first, second = ranked[0], ranked[1]
@@ -94,7 +98,9 @@ def judge(summaries: list[ArmSummary], metric: Metric) -> Verdict:
             None,
             False,
             f"NOT A RANKING: {first.tag} vs {second.tag} differ by {gap_pct:.1f}%, inside {needed:.1f}% "
-            f"(noise band {metric.noise_pct:g}% or spread); separate them with {metric.separate_with}" + excluded,
+            f"(noise band {metric.noise_pct:g}% or spread); separate them with {metric.separate_with}"
+            + (f"; behind them, not ranked: {', '.join(s.tag for s in ranked[2:])}" if ranked[2:] else "")
+            + excluded,
         )
     # Extend the order only while each next pair is separable too; the rest is not ranked.
     cut = len(ranked)

@@ -140,8 +140,9 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
             if not isinstance(payload, dict):
                 raise ValueError("not a JSON object")
         except (IndexError, ValueError) as e:
+            why = "it printed nothing on stdout" if isinstance(e, IndexError) else str(e)
             return PassResult(tag, pass_index, position, False, status, seconds,
-                              f"last stdout line is not a JSON object ({e})", _tail(err_path))
+                              f"last stdout line is not a JSON object ({why})", _tail(err_path))
         raw = payload.get("metrics", payload)
         if not isinstance(raw, dict):
             return PassResult(tag, pass_index, position, False, status, seconds,
@@ -152,12 +153,18 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
             return PassResult(tag, pass_index, position, False, status, seconds,
                               f"metric value(s) not a number: {shown}; an arm that cannot measure a metric "
                               "must fail or leave the metric out, never report a placeholder", _tail(err_path))
-        metrics = {k: float(v) for k, v in raw.items()}
-        bad = sorted(k for k, v in metrics.items() if not math.isfinite(v))
+        huge = sorted(k for k, v in raw.items() if isinstance(v, int) and abs(v) > 2 ** 1023)
+        metrics = {k: float(v) for k, v in raw.items() if k not in huge}
+        bad = sorted([*huge, *(k for k, v in metrics.items() if not math.isfinite(v))])
         if bad:
             return PassResult(tag, pass_index, position, False, status, seconds,
                               f"non-finite metric(s) {bad}: not a measurement", _tail(err_path))
+        arm_prov = payload.get("provenance", {})
+        if not isinstance(arm_prov, dict) or not isinstance(arm_prov.get("measured_differently", {}), dict):
+            return PassResult(tag, pass_index, position, False, status, seconds,
+                              "\"provenance\" (and its \"measured_differently\") must be JSON objects, got "
+                              f"{json.dumps(arm_prov)[:80]}", _tail(err_path))
         return PassResult(tag, pass_index, position, True, status, seconds, metrics=metrics,
-                          arm_provenance=payload.get("provenance", {}),
+                          arm_provenance=arm_prov,
                           extra={k: v for k, v in payload.items() if k not in ("metrics", "provenance")}
                           if "metrics" in payload else {})
