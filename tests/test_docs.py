@@ -71,10 +71,18 @@ def test_the_prose_rules_catch_each_breach(tmp_path):
     doc.write_text("Decode `harness/results/a.json` ran at 28.66 and 31.20 tok/s.\n\n"
                    "Once `harness/results/old.json` said 1.5.\n")
     found = check([doc], tmp_path)
-    assert any("a.json quoted without its labels [CPU SPEED CHANGED DURING RUN]" in p for p in found)
+    assert any("a.json quoted with no tag, not its labels [CPU SPEED CHANGED DURING RUN]" in p for p in found)
     assert any("31.20 is in none of harness/results/a.json" in p for p in found)
     assert not any("28.66" in p for p in found)
     assert any("old.json is retracted" in p for p in found)
+    (results / "plain.json").write_text(json.dumps({"provenance": {"git_sha": "abc", "git_dirty": False}, "v": 2.5}))
+    other = tmp_path / "e.md"
+    other.write_text("Run `harness/results/plain.json` [DIRTY TREE] ended at 2.75.\n\n"
+                     "<!-- results-table: harness/results/old.json -->\n<!-- /results-table -->\n")
+    found_other = check([other], tmp_path)
+    assert any("plain.json quoted with [DIRTY TREE], not its labels []" in p for p in found_other)
+    assert any("2.75 is in none" in p for p in found_other)  # a figure ending its sentence is checked too
+    assert any("the table of harness/results/old.json quotes a retracted artifact" in p for p in found_other)
     doc.write_text(tag_mentions(doc.read_text(), tmp_path).replace(" and 31.20", ""))
     assert "`harness/results/a.json` [CPU SPEED CHANGED DURING RUN] ran" in doc.read_text()
     assert [p for p in check([doc], tmp_path) if "a.json" in p] == []

@@ -25,12 +25,13 @@ from typing import Any
 __all__ = ["artifact_labels", "check", "tag_mentions"]
 
 MENTION = re.compile(r"`(harness/results/[A-Za-z0-9_.+-]+\.json)`( \[[A-Z][A-Z0-9 ;-]*\])?")
-FIGURE = re.compile(r"(?<![\w.,/-])(\d+\.\d+)(?![\w.%x]|\.\d)")
+FIGURE = re.compile(r"(?<![\w.,/-])(\d+\.\d+)(?![\w%x]|\.\d)")
 
 
 def artifact_labels(data: dict[str, Any]) -> list[str]:
     """The short names of an artifact's labels (the part before ``:``), then the derived ones."""
-    names = [str(label).split(":")[0].strip() for label in data.get("labels") or []]
+    names = ["RETRACTED"] if data.get("retracted") else []
+    names += [str(label).split(":")[0].strip() for label in data.get("labels") or []]
     prov = data.get("provenance") or {}
     if not prov.get("git_sha"):
         names.append("NO PROVENANCE")
@@ -104,27 +105,39 @@ SCALES = (1.0, 1e-3, 1e3, 1 / (1 << 20), 1 / (1 << 30), 1e-9)
 
 
 def check(files: list[Path], repo: Path) -> list[str]:
-    """Every breach of the three rules in ``files``, as ``FILE:LINE: what``; empty when they hold."""
+    """Every breach of the three rules in ``files``, as ``FILE:LINE: what``; empty when they hold.
+
+    Labels and retraction are checked on every line, generated tables included; figures in the
+    paragraphs outside generated tables (those are checked against their artifact by the table test)."""
     problems = []
     for f in files:
-        for block in _paragraphs(f.read_text()):
+        text = f.read_text()
+        for i, line in enumerate(text.splitlines(), 1):
+            where = f"{f.relative_to(repo)}:{i}"
+            for rel in re.findall(r"<!-- results-table: (\S+)", line):
+                if (_load(repo, rel) or {}).get("retracted"):
+                    problems.append(f"{where}: the table of {rel} quotes a retracted artifact; show its replacement")
+            prose = MENTION.sub("", line).lower()
+            for rel, tag in MENTION.findall(line):
+                data = _load(repo, rel)
+                if data is None:
+                    problems.append(f"{where}: {rel} does not exist or is not JSON")
+                    continue
+                labels = artifact_labels(data)
+                if tag.strip(" []") != "; ".join(labels):
+                    problems.append(f"{where}: {rel} quoted with {tag.strip() or 'no tag'}, not its labels "
+                                    f"[{'; '.join(labels)}]")
+                if data.get("retracted") and "retracted" not in prose:
+                    problems.append(f"{where}: {rel} is retracted; quote its replacement, or say it is retracted")
+        for block in _paragraphs(text):
             values: set[float] = set()
             named: list[str] = []  # in order, once each
-            for i, line in block:
-                where = f"{f.relative_to(repo)}:{i}"
-                for rel, tag in MENTION.findall(line):
+            for _, line in block:
+                for rel, _tag in MENTION.findall(line):
                     data = _load(repo, rel)
-                    if data is None:
-                        problems.append(f"{where}: {rel} does not exist or is not JSON")
-                        continue
-                    if rel not in named:
+                    if data is not None and rel not in named:
                         named.append(rel)
-                    labels = artifact_labels(data)
-                    if labels and tag.strip(" []") != "; ".join(labels):
-                        problems.append(f"{where}: {rel} quoted without its labels [{'; '.join(labels)}]")
-                    if data.get("retracted") and "retracted" not in line.lower():
-                        problems.append(f"{where}: {rel} is retracted; quote its replacement, or say it is retracted")
-                    _values(data, values)
+                        _values(data, values)
             if not named:
                 continue
             scaled = {v * k for v in values for k in SCALES}
