@@ -1,10 +1,11 @@
 """omni's measurement harness (not shipped): the real models, the arms, the grid and judge, artifacts.
 
 Subpackages, one job each (docs/architecture.md has the map and who may import whom):
-``models`` (the real models and fidelity), ``arms`` (one runner per engine or peer),
-``grid`` (passes, judge, metrics, guard), ``artifacts`` (provenance, results, plots, docs tables),
-``kernels`` (kernel matrix, page bench, bits per weight), ``memory`` (process-tree memory,
-ledger, step profile); ``demo`` is the product's main job. ``python -m harness COMMAND``
+``models`` (the real models, the engine recipe, bits per weight, fidelity), ``arms`` (one runner
+per engine or peer, and the one start-up definition), ``grid`` (passes, judge, metrics, guard),
+``artifacts`` (results, plots, docs tables, the prose rules), ``kernels`` (kernel matrix, page
+bench), ``memory`` (process-tree memory, ledger, step profile); at the root, ``provenance`` (what
+every artifact carries) and ``demo`` (the product's main job). ``python -m harness COMMAND``
 dispatches (``harness/__main__.py``).
 """
 
