@@ -1,10 +1,10 @@
-"""RssAnon over a process tree (harness.memory.tree)."""
+"""RssAnon, RssFile and RssShmem over a process tree (harness.memory.tree)."""
 
 import os
 import subprocess
 import sys
 
-from harness.memory.tree import rss_anon_bytes, tree_memory
+from harness.memory.tree import rss_anon_bytes, tree_memory, tree_metrics
 
 MiB = 1 << 20
 
@@ -24,6 +24,10 @@ def test_rss_anon_ignores_mmapped_file_pages_that_vmrss_counts(tmp_path):
         (me,) = [m for m in tree_memory(p.pid) if m.pid == p.pid]
         assert me.vm_rss - me.rss_anon >= 60 * MiB, "VmRSS counts the mapped file"
         assert me.rss_anon < 40 * MiB, "RssAnon does not"
+        assert me.rss_file >= 60 * MiB, "RssFile does: the mapped weights a user's free still sees"
+        sums = tree_metrics([me])
+        assert sums["rss_file_tree_mb"] >= 60 and sums["rss_anon_tree_mb"] < 40
+        assert sums["rss_total_tree_mb"] == (me.rss_anon + me.rss_file + me.rss_shmem) / MiB
     finally:
         p.kill()
         p.wait()

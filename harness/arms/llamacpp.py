@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from harness.arms import start
-    from harness.memory.tree import tree_memory
+    from harness.memory.tree import tree_memory, tree_metrics
     from harness.models.registry import MODELS, gguf_path
     from harness.provenance import checkpoint_fingerprint
 
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": {
             **({} if pp_s is None else {"pp_tps": args.prompt_len / pp_s}),
             "tg_tps": args.gen_len / tg_s,
-            "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
+            **tree_metrics(tree),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
             start.metric_name(cold): start_s,
         },
         "provenance": {

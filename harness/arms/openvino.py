@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
               "`make ov-setup`", file=sys.stderr)
         return 2
     from harness.arms import start
-    from harness.memory.tree import tree_memory
+    from harness.memory.tree import tree_memory, tree_metrics
     from harness.provenance import checkpoint_fingerprint
 
     path = ir_dir(args.model)
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         "metrics": {
             "pp_tps": args.prompt_len / (ttft_ms / 1000),
             "tg_tps": 1000 / tpot_ms,
-            "rss_anon_tree_mb": sum(p.rss_anon for p in tree) / MiB,
+            **tree_metrics(tree),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
             start.metric_name(cold): start_s,
         },
         "provenance": {

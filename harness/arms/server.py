@@ -72,7 +72,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     """
     from harness.arms.server_process import free_port, stop_group, wait_healthy
     from harness.arms.start import metric_name
-    from harness.memory.tree import tree_memory
+    from harness.memory.tree import tree_memory, tree_metrics
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -125,7 +125,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         "tg_tps": tg,
         "agg_tg_tps": sum(results) / agg_s,
         metric_name(cold): start_s,
-        "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
+        **tree_metrics(tree_ready),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
     }
     omni_lines = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace").splitlines() if "omni" in ln]
     unseen = "not observable from the client; the server's own log lines are in omni_log"

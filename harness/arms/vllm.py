@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main_server(args)
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
-    from harness.memory.tree import tree_memory
+    from harness.memory.tree import tree_memory, tree_metrics
     from harness.models.registry import MODELS, fetch
     from harness.provenance import checkpoint_fingerprint
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "tg_tps": (args.gen_len - 1) / (t_gen - t_one),
         "agg_tg_tps": args.concurrency * args.gen_len / agg_s,
         start.metric_name(cold): start_s,
-        "rss_anon_tree_mb": sum(p.rss_anon for p in tree_ready) / MiB,
+        **tree_metrics(tree_ready),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
         "rss_anon_worker_mb": w0["rss_anon"] / MiB,
     }
     if not args.no_full_request:

@@ -15,7 +15,7 @@ import psutil
 
 from omni_platform.procfs import status_bytes
 
-__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "rss_anon_bytes", "tree_memory"]
+__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "rss_anon_bytes", "tree_memory", "tree_metrics"]
 
 
 class MemoryReadError(RuntimeError):
@@ -24,13 +24,17 @@ class MemoryReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ProcessMemory:
-    """One process: ``pid``, ``role`` (from its title or name), ``rss_anon`` and ``vm_rss`` in bytes."""
+    """One process: ``pid``, ``role`` (from its title or name), and in bytes ``rss_anon`` (private
+    anonymous pages: what it allocated), ``vm_rss``, ``rss_file`` (resident pages of mapped files: an
+    mmap'd checkpoint) and ``rss_shmem`` (shared memory), all from ``/proc/PID/status``."""
 
     pid: int
     ppid: int
     role: str
     rss_anon: int
     vm_rss: int
+    rss_file: int = 0
+    rss_shmem: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -62,7 +66,7 @@ def _role(p: psutil.Process, root_pid: int) -> str:
 
 
 def tree_memory(root_pid: int) -> list[ProcessMemory]:
-    """RssAnon and VmRSS of ``root_pid`` and all its descendants.
+    """RssAnon, VmRSS, RssFile and RssShmem of ``root_pid`` and all its descendants.
 
     A process that exits between the listing and the read is left out (it holds no memory any
     more); one that is there but cannot be read is an error, not a smaller sum.
@@ -80,13 +84,27 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
     for p in procs:
         try:
             out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid),
-                                     status_bytes("VmRSS", p.pid)))
+                                     status_bytes("VmRSS", p.pid), status_bytes("RssFile", p.pid),
+                                     status_bytes("RssShmem", p.pid)))
         except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
             continue  # gone
         except (psutil.Error, OSError, KeyError) as exc:
             raise MemoryReadError(f"process {p.pid} of the tree of {root_pid} cannot be measured: "
                                   f"{type(exc).__name__}: {exc}") from exc
     return out
+
+
+def tree_metrics(tree: list[ProcessMemory]) -> dict[str, float]:
+    """The tree's memory as metrics, MiB: ``rss_anon_tree_mb`` (what the processes allocated),
+    ``rss_file_tree_mb`` (resident pages of the files they map: llama.cpp's and OpenVINO's weights
+    live here) and ``rss_total_tree_mb`` (anonymous + file + shared: what a user's ``free`` sees them
+    hold). File pages two processes share are counted once per process (an upper bound for a tree)."""
+    mib = float(1 << 20)
+    anon = sum(p.rss_anon for p in tree)
+    file = sum(p.rss_file for p in tree)
+    shmem = sum(p.rss_shmem for p in tree)
+    return {"rss_anon_tree_mb": anon / mib, "rss_file_tree_mb": file / mib,
+            "rss_total_tree_mb": (anon + file + shmem) / mib}
 
 
 def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
