@@ -54,3 +54,40 @@ def test_tree_sums_children(tmp_path):
             os.kill(proc.pid, 9)
         p.kill()
         p.wait()
+
+
+def test_tree_peak_sees_a_transient_allocation_the_steady_state_does_not():
+    """A child allocates 200 MiB, frees it, and waits: the sampled peak holds it, the end state does not."""
+    from harness.memory.peak import TreePeak
+
+    code = ("import sys, time\n"
+            "x = bytearray(200 << 20); x[::4096] = b'x' * len(x[::4096]); time.sleep(0.5); del x\n"
+            "print('freed', flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        with TreePeak(p.pid, interval_s=0.02) as peak:
+            assert p.stdout.readline().strip() == "freed"
+        m = peak.metrics()
+        (now,) = tree_memory(p.pid)
+        assert m["peak_anon_tree_mb"] >= 200, m
+        assert now.rss_anon < 100 * MiB, "the end state no longer holds the 200 MiB"
+        assert m["peak_total_tree_mb"] >= m["peak_anon_tree_mb"]
+        assert peak.hwm()["vm_hwm"][str(p.pid)]["vm_hwm"] >= 200 * MiB, "VmHWM, the process's own peak"
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_tree_peak_without_a_sample_is_an_error_not_zero():
+    import pytest
+
+    from harness.memory.peak import TreePeak
+    from harness.memory.tree import MemoryReadError
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    peak = TreePeak(p.pid).start().stop()
+    with pytest.raises(MemoryReadError, match="no memory sample"):
+        peak.metrics()
+    with pytest.raises(ValueError, match="interval_s"):
+        TreePeak(os.getpid(), interval_s=0)

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from harness.arms import start
+    from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
     from harness.models.registry import MODELS, gguf_path
     from harness.provenance import checkpoint_fingerprint
@@ -76,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         return params
 
     llama_module.llama_cpp.llama_model_default_params = model_params  # read once by Llama() below
+    peak = TreePeak(os.getpid()).start()
     t0 = time.perf_counter()
     llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
                 n_batch=max(args.prompt_len, 512), verbose=False)
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     feed(prompt(8, 99))  # warm-up, not measured, but its first token ends the start
     int(np.argmax(llm.scores[llm.n_tokens - 1]))
     start_s = start.seconds_since_launch()
+    peak.stop()
     start.mark_started(cache, "llamacpp")
     pp_s = None
     if not args.decode_only:
@@ -120,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             **({} if pp_s is None else {"pp_tps": args.prompt_len / pp_s}),
             "tg_tps": args.gen_len / tg_s,
             **tree_metrics(tree),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
+            **peak.metrics(),  # peak_anon_tree_mb, peak_total_tree_mb: model load to first token
             start.metric_name(cold): start_s,
         },
         "provenance": {
+            "start_peak": peak.hwm(),
             "measured_differently": {
                 "rss_anon_tree_mb": "RssAnon of one process; llama.cpp mmaps the GGUF, so its weights are file "
                                     "pages, not counted (vLLM copies them into anonymous memory)",

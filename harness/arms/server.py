@@ -72,6 +72,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     """
     from harness.arms.server_process import free_port, stop_group, wait_healthy
     from harness.arms.start import metric_name
+    from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
 
     port = free_port()
@@ -86,11 +87,13 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     launched = time.perf_counter()
     with open(log, "w") as log_f:
         proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+    peak = TreePeak(proc.pid).start()
     try:
         wait_healthy(proc, base + "/health", args.server_timeout, log)
         first, _ = _stream(base, {**greedy, "prompt": prompt(8, 99), "max_tokens": 4})
         start_s = first[0] - launched
         tree_ready = tree_memory(proc.pid)
+        peak.stop()
         t = time.perf_counter()
         out = _post(base, {**greedy, "prompt": prompt(args.prompt_len, 1), "max_tokens": 1})
         pp_s = time.perf_counter() - t
@@ -126,6 +129,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         "agg_tg_tps": sum(results) / agg_s,
         metric_name(cold): start_s,
         **tree_metrics(tree_ready),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
+        **peak.metrics(),  # peak_anon_tree_mb, peak_total_tree_mb: launch to first token
     }
     omni_lines = [ln.split("] ", 1)[-1] for ln in log.read_text(errors="replace").splitlines() if "omni" in ln]
     unseen = "not observable from the client; the server's own log lines are in omni_log"
@@ -135,6 +139,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         "not_observed": unseen,
         "server_command": cmd,
         "processes_ready": [p.to_dict() for p in tree_ready],
+        "start_peak": peak.hwm(),
         "omni_log": omni_lines[-30:],
     }
     return metrics, provenance

@@ -20,6 +20,8 @@ Metrics (units in harness/grid/metrics.py):
   (engine core and workers included), MiB; ``rss_anon_tree_full_mb`` after a request
   that fills ``max_model_len`` tokens of KV cache (not with ``--no-full-request``: that
   request is two pp512s more, about 5 minutes for stock bf16 on one AVX2 core).
+- ``peak_anon_tree_mb`` and ``peak_total_tree_mb``: the largest sampled sum over the tree of RssAnon,
+  and of RssAnon + RssFile + RssShmem, from launch to the first token (``harness/memory/peak.py``).
 - ``rss_anon_worker_mb``: RssAnon of the first worker alone, MiB, read inside it after the
   requests above; ``kv_cache_mb``: bytes of the KV cache tensors allocated in that worker,
   MiB (the budget vLLM actually honoured).
@@ -88,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         return _main_server(args)
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc of a function
+    from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
+
+    peak = TreePeak(os.getpid()).start()
     from harness.models.registry import MODELS, fetch
     from harness.provenance import checkpoint_fingerprint
 
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                  SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
     start_s = start.seconds_since_launch()
     tree_ready = tree_memory(os.getpid())
+    peak.stop()
 
     def timed(prompts, max_tokens):
         sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
@@ -144,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "agg_tg_tps": args.concurrency * args.gen_len / agg_s,
         start.metric_name(cold): start_s,
         **tree_metrics(tree_ready),  # rss_anon_tree_mb, rss_file_tree_mb, rss_total_tree_mb
+        **peak.metrics(),  # peak_anon_tree_mb, peak_total_tree_mb: launch to first token
         "rss_anon_worker_mb": w0["rss_anon"] / MiB,
     }
     if not args.no_full_request:
@@ -174,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "processes_ready": [p.to_dict() for p in tree_ready],
             "processes_full": [p.to_dict() for p in tree_full],
             "anon_huge_bytes": huge,
+            "start_peak": peak.hwm(),
             "params": vars(args),
         },
     }

@@ -91,6 +91,12 @@ _ALL = [
            "sum of RssFile over the process tree (resident pages of mapped files: mmap'd weights)", _LEDGER),
     Metric("rss_total_tree_mb", Direction.LOWER, "MiB", 2.0, True,
            "sum of RssAnon + RssFile + RssShmem over the process tree (what the processes hold resident)", _LEDGER),
+    Metric("peak_anon_tree_mb", Direction.LOWER, "MiB", 3.0, True,
+           "largest sampled sum of RssAnon over the process tree from launch to the first token "
+           "(harness/memory/peak.py: a lower bound, 50 ms samples)", _LEDGER),
+    Metric("peak_total_tree_mb", Direction.LOWER, "MiB", 3.0, True,
+           "largest sampled sum of RssAnon + RssFile + RssShmem over the process tree from launch to the "
+           "first token", _LEDGER),
     Metric("rss_anon_tree_full_mb", Direction.LOWER, "MiB", 2.0, True, "RssAnon over the tree at full context",
            _LEDGER),
     Metric("rss_anon_worker_mb", Direction.LOWER, "MiB", 2.0, True, "RssAnon of the first worker process at ready",

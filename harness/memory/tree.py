@@ -68,8 +68,8 @@ def _role(p: psutil.Process, root_pid: int) -> str:
 def tree_memory(root_pid: int) -> list[ProcessMemory]:
     """RssAnon, VmRSS, RssFile and RssShmem of ``root_pid`` and all its descendants.
 
-    A process that exits between the listing and the read is left out (it holds no memory any
-    more); one that is there but cannot be read is an error, not a smaller sum.
+    A process that exits between the listing and the read, or is a zombie, is left out (it holds
+    no memory any more); one that is there but cannot be read is an error, not a smaller sum.
 
     Raises:
         MemoryReadError: a process of the tree is alive and its ``/proc/PID/status`` unreadable
@@ -83,6 +83,8 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
     out: list[ProcessMemory] = []
     for p in procs:
         try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue  # exited, not yet reaped: it holds no memory, and its status has no Rss lines
             out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid),
                                      status_bytes("VmRSS", p.pid), status_bytes("RssFile", p.pid),
                                      status_bytes("RssShmem", p.pid)))
