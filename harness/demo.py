@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from harness.arms.server_process import free_port, stop_group, wait_healthy
 from harness.models.registry import REPO_ROOT, fetch
+from harness.server_process import free_port, stop_group, wait_healthy
 
 __all__ = ["main"]
 

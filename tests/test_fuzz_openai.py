@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import clean_env
-from harness.arms.server_process import free_port, stop_group, wait_healthy
+from harness.server_process import free_port, stop_group, wait_healthy
 
 pytestmark = pytest.mark.engine
 

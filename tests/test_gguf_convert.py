@@ -123,7 +123,7 @@ def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smoll
     log line comes before vLLM starts, so the second server is stopped once it has said so)."""
     import time
 
-    from harness.arms.server_process import free_port, stop_group, wait_healthy
+    from harness.server_process import free_port, stop_group, wait_healthy
 
     port, cache = free_port(), tmp_path / "cache"
     logs = []

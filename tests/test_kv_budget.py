@@ -100,7 +100,7 @@ def test_c14_requests_that_fit_max_model_len_finish_together_without_preemption(
     from pathlib import Path
 
     from conftest import clean_env
-    from harness.arms.server_process import free_port, stop_group, wait_healthy
+    from harness.server_process import free_port, stop_group, wait_healthy
 
     port, log = free_port(), tmp_path / "server.log"
     cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(int4_model_dir), "--enforce-eager",

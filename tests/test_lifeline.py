@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from conftest import REPO, clean_env
-from harness.arms.server_process import free_port, wait_healthy
+from harness.server_process import free_port, wait_healthy
 
 C13_LIMIT_S = 20.0
 

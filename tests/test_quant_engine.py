@@ -89,6 +89,19 @@ def test_output_head_runs_in_4_bits_with_no_bf16_copy(int4_run):
     assert [e["group"] for e in big_bf16] == ["embedding"], big_bf16  # only the lookup table
 
 
+def test_the_ledger_names_at_least_90_percent_of_rss_anon(int4_run):
+    """Issue 31: RssAnon partitioned into named items (tensors, files' written pages, stacks, Python's
+    arenas, malloc in use and free); what none of them covers stays under 10% either way."""
+    (ledger,) = int4_run["ledgers"]
+    items = ledger["items"]
+    assert set(items) == {"tensors", "file_anon", "stacks", "python_arenas", "malloc_other", "allocator_free"}
+    assert items["tensors"] > 0 and items["python_arenas"] > 0 and items["malloc_other"] > 0, items
+    assert abs(ledger["unexplained"]) <= 0.10 * ledger["rss_anon"], (ledger["unexplained"], ledger["rss_anon"], items)
+    assert ledger["rss_anon"] == ledger["unexplained"] + sum(items.values())
+    kinds = ledger["anon_by_kind"]
+    assert abs(sum(kinds.values()) - ledger["rss_anon"]) <= 0.05 * ledger["rss_anon"], "Anonymous sums to RssAnon"
+
+
 def test_fidelity_against_bf16(real_model, int4_model_dir):
     proc = subprocess.run([sys.executable, "-m", "harness.models.fidelity", "--ref", str(real_model),
                            "--test", str(int4_model_dir)],

@@ -62,7 +62,7 @@ def _serve(args: list[str], cpu: int, log: Path) -> subprocess.Popen:
 def test_c17_pp2_across_two_nodes_on_loopback(int4_model_dir, tmp_path):
     """Two "machines" on loopback, one CPU each: vLLM's own multi-node flags (docs/scale-out.md), node 0
     serves the API, node 1 is headless; greedy text equals one process serving the same model."""
-    from harness.arms.server_process import free_port, stop_group, wait_healthy
+    from harness.server_process import free_port, stop_group, wait_healthy
 
     model = str(int4_model_dir)
     common = [model, "--enforce-eager", "--max-model-len", "256", "--max-num-seqs", "2",

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.arms.server_process import stop_group
+from harness.server_process import stop_group
 
 # A "server" that spawns a child in its own process group and, on SIGTERM, stops that child itself,
 # like vLLM's front end shutting down its engine core; each records the signals that reach it.

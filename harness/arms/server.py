@@ -70,10 +70,10 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         RuntimeError: the server exited or was not healthy within ``args.server_timeout`` s.
         AssertionError: a request generated fewer tokens than asked for.
     """
-    from harness.arms.server_process import free_port, stop_group, wait_healthy
     from harness.arms.start import metric_name
     from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
+    from harness.server_process import free_port, stop_group, wait_healthy
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
