@@ -31,7 +31,7 @@ def report(worker: Any = None) -> dict[str, Any]:
     """``method``, the W4A8 kernel this CPU runs (``native_isa``, or why it is missing); inside a
     worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack) and ``head`` (the
     output head's kernel, None when the head is not cpu_int4)."""
-    from omni_quant import native
+    from omni_quant import layout_cache, native
     from omni_quant.config import QUANT_METHOD
 
     out: dict[str, Any] = {"method": QUANT_METHOD, "native_isa": native.best_isa(),
@@ -44,6 +44,8 @@ def report(worker: Any = None) -> dict[str, Any]:
     out["layers"] = dict(kernels)
     head = getattr(model, "lm_head", None)
     out["head"] = getattr(head, "cpu_int4_kernel", None)
+    # ``layout``: layers mapped from a layout file, written to one, or copied (and why); its resident pages
+    out["layout"] = layout_cache.report()
     return out
 
 

@@ -29,7 +29,7 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
-from omni_quant import huge_pages, native, super_blocks
+from omni_quant import huge_pages, layout_cache, native, super_blocks
 from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
 from omni_quant.linear_int8 import CpuInt8LinearMethod
 from omni_quant.ops import cpu_int4_linear
@@ -279,6 +279,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
             add("zeros", k // group_size, params_dtype)
         layer.cpu_int4_group_size = super_blocks.SUB_BLOCK if sb else group_size
         layer.cpu_int4_super_blocks = sb
+        layout_cache.adopt(self.config, layer, self.prefix, n, k, _log_choice)  # mapped from a layout file?
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack once into the layout of the kernel chosen for this layer; drop the on-disk tensors.
@@ -287,9 +288,17 @@ class CpuInt4LinearMethod(LinearMethodBase):
         16) and the CPU is not in :data:`PER_GROUP_ISAS`; elsewhere they are rewritten per group of 32
         (:func:`omni_quant.super_blocks.to_groups`) for the per-group kernel or torch's int4 kernel.
 
+        A layer adopted from a layout file (:mod:`omni_quant.layout_cache`) has its tensors already; after
+        the model's last layer the layout file is written when some layer was repacked.
+
         Raises:
             ValueError: from :func:`omni_quant.kernel_choice.choose` (an impossible override).
         """
+        if not layer.cpu_int4_mapped:
+            self._repack(layer)
+        layout_cache.finish(self.config, layer, self.prefix)
+
+    def _repack(self, layer: torch.nn.Module) -> None:
         if layer.cpu_int4_super_blocks:
             self._process_super_blocks(layer)
             return

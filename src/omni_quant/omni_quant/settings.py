@@ -22,5 +22,14 @@ SETTINGS = (
         "cpu_int4: copy the repacked weights into memory marked for transparent huge pages "
         "(omni_quant.huge_pages; decode reads them with 512x fewer TLB entries); 0 leaves them "
         "where torch allocated them."),
+    envs.bool_setting(
+        "OMNI_MAPPED_WEIGHTS", True,
+        "cpu_int4: write each 4-bit layer, repacked for this CPU's kernel, into a layout file once and map "
+        "it read-only at later starts (omni_quant.layout_cache: file pages shared between processes, no "
+        "repack, no copy); 0 repacks and copies at every start."),
+    envs.str_setting(
+        "OMNI_LAYOUT_CACHE_DIR", None,
+        "cpu_int4: where layout files go when the checkpoint's directory is not writable (omni_quant."
+        "layout_cache). Unset: $XDG_CACHE_HOME/omni/layouts, or ~/.cache/omni/layouts."),
 )
 envs.register(SETTINGS)
