@@ -71,6 +71,32 @@ def test_q4_1_tensors_are_repacked_with_their_codes(q4k_gguf, converted):
     assert q.tensor_type.name == "Q4_1" and "model.layers.3.self_attn.q_proj.qweight" in tensors
 
 
+def test_the_q8_0_embedding_is_kept_bit_for_bit(q4k_gguf, converted):
+    """SmolLM2's token_embd is Q8_0: stored as 8-bit per group of 32 (int8 codes, float16 d as in the file), so its
+    looked-up rows equal the gguf package's dequantization rounded to bf16 (the bf16 checkpoint's own table)."""
+    import torch
+    from gguf import GGUFReader, dequantize
+    from safetensors.torch import load_file
+
+    from omni_quant.embedding import lookup
+
+    qc = json.loads((converted / "config.json").read_text())["quantization_config"]
+    assert qc["embedding_modules"] == ["model.embed_tokens"] and qc["bits_per_module"]["model.embed_tokens"] == 8
+    report = json.loads((converted / "quantization_report.json").read_text())
+    assert report["embedding"]["scheme"] == "int8" and report["embedding"]["bytes"] == 49152 * (576 + 18 * 2)
+    tensors = {}
+    for f in converted.glob("*.safetensors"):
+        tensors.update(load_file(str(f)))
+    assert "model.embed_tokens.weight" not in tensors
+    t = next(x for x in GGUFReader(str(q4k_gguf[0])).tensors if x.name == "token_embd.weight")
+    assert t.tensor_type.name == "Q8_0"
+    want = torch.from_numpy(dequantize(np.asarray(t.data), t.tensor_type)).to(torch.bfloat16)
+    ids = torch.tensor([0, 1, 2, 100, 4000, 49151])
+    got = lookup("int8", (tensors["model.embed_tokens.qweight8"], tensors["model.embed_tokens.scales8"]), ids,
+                 torch.bfloat16)
+    assert torch.equal(got, want[ids])
+
+
 def test_config_tokenizer_and_chat_template_come_from_the_file(converted):
     from transformers import AutoTokenizer
 
@@ -210,7 +236,7 @@ def test_q4_k_tensors_become_super_blocks_bit_for_bit(q4k_gguf, converted):
 
     q4k, fields = q4k_gguf
     qc = json.loads((converted / "config.json").read_text())["quantization_config"]
-    assert qc["format_version"] == 3
+    assert qc["format_version"] == 4  # super-blocks and the quantized embedding
     assert sorted(qc["super_block_modules"]) == sorted(f"model.layers.{i}.mlp.down_proj" for i in range(30))
     report = json.loads((converted / "quantization_report.json").read_text())
     actions = {r["name"].split(" <- ")[0]: r["action"] for r in report["tensors"]}

@@ -18,21 +18,24 @@ def test_each_recipe_writes_the_widths_it_names(tmp_path, recipe):
     convert(src, tmp_path / "dst", recipe=recipe)
     qc = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]
     report = json.loads((tmp_path / "dst" / "quantization_report.json").read_text())
-    rows = {r["name"].split(" <- ")[0].rsplit(".", 1)[0]: r for r in report["tensors"] if r["bits"]}
+    rows = {r["name"].split(" <- ")[0].rsplit(".", 1)[0]: r for r in report["tensors"]
+            if r["bits"] and not r["action"].startswith("embedding")}
     chosen = RECIPES[recipe]
     assert len(rows) == LINEARS + 1 and report["recipe"] == qc["recipe"] == recipe
+    # the input embedding at the recipe's body width (format 4), outside the linear layers' bits per weight
+    assert report["embedding"]["quantized"] and report["embedding"]["bits"] == chosen.body_bits
+    assert qc["embedding_modules"] == ["model.embed_tokens"]
     for module, row in rows.items():
         assert row["bits"] == chosen.bits_for(module), module
         assert row["group_size"] == (row["shape"][1] if row["bits"] == 8 else 32)  # 8-bit: one scale per row
     eight = sorted(m for m, r in rows.items() if r["bits"] == 8)
-    assert sorted(qc.get("bits_per_module", {})) == eight
+    assert sorted(set(qc.get("bits_per_module", {})) - {"model.embed_tokens"}) == eight
     in_sb = sorted(m for m, r in rows.items() if "super-blocks" in r["action"])
     # super-blocks where K is a multiple of 256 (here down_proj, K = 256), only in recipes that ask for them
     assert in_sb == (sorted(m for m, r in rows.items() if r["shape"][1] % 256 == 0) if chosen.super_blocks else [])
-    assert sorted(qc.get("super_block_modules", [])) == in_sb
-    assert qc["format_version"] == (3 if in_sb else 2 if eight else 1), \
-        "checkpoints without super-blocks stay readable by format-1/2 readers"
-    assert sorted(qc["group_size_per_module"]) == sorted(set(rows) - set(eight))
+    assert sorted(set(qc.get("super_block_modules", [])) - {"model.embed_tokens"}) == in_sb
+    assert qc["format_version"] == 4  # the quantized embedding; without it, see the test below
+    assert sorted(set(qc["group_size_per_module"]) - {"model.embed_tokens"}) == sorted(set(rows) - set(eight))
     names = set()
     for f in (tmp_path / "dst").glob("*.safetensors"):
         from safetensors import safe_open
@@ -46,6 +49,18 @@ def test_each_recipe_writes_the_widths_it_names(tmp_path, recipe):
     n_weights = sum(r["shape"][0] * r["shape"][1] for r in rows.values())
     assert report["bits_per_weight"] == pytest.approx(8 * sum(r["bytes_out"] for r in rows.values()) / n_weights)
     assert (4.6 if in_sb else 4.9) < report["bits_per_weight"] < 8.2
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_with_a_bf16_embedding_checkpoints_keep_the_oldest_format_that_holds_them(tmp_path, recipe):
+    """--keep-bf16 embed_tokens: the format older readers take (1 all 4-bit per group, 2 with 8-bit layers,
+    3 with super-blocks)."""
+    src = write_checkpoint(tmp_path / "src")
+    convert(src, tmp_path / "dst", recipe=recipe, keep_bf16=["embed_tokens"])
+    qc = json.loads((tmp_path / "dst" / "config.json").read_text())["quantization_config"]
+    assert "embedding_modules" not in qc
+    assert qc["format_version"] == (3 if qc.get("super_block_modules") else 2 if qc.get("bits_per_module") else 1), \
+        "checkpoints without super-blocks stay readable by format-1/2 readers"
 
 
 def test_unknown_recipe_and_8_bit_gptq_are_refused_and_nothing_is_written(tmp_path):
@@ -80,8 +95,8 @@ def test_the_loader_reads_widths_and_refuses_fused_members_of_different_widths()
         CpuInt4Config.from_config({"group_size": 32, "format_version": 1, "bits_per_module": {"lm_head": 8}})
     with pytest.raises(ValueError, match=r"4- and 8-bit modules, the checkpoint says \[4, 6\]"):
         CpuInt4Config.from_config({"group_size": 32, "format_version": 2, "bits_per_module": {"lm_head": 6}})
-    with pytest.raises(ValueError, match=r"format_version 4, this omni-quant reads \(1, 2, 3\)"):
-        CpuInt4Config.from_config({"group_size": 32, "format_version": 4})
+    with pytest.raises(ValueError, match=r"format_version 5, this omni-quant reads \(1, 2, 3, 4\)"):
+        CpuInt4Config.from_config({"group_size": 32, "format_version": 5})
     with pytest.raises(ValueError, match="super_block_modules must be a list of module names"):
         CpuInt4Config.from_config({"group_size": 32, "format_version": 3, "super_block_modules": "lm_head"})
     with pytest.raises(ValueError, match=r"\['lm_head'\] are both 8-bit"):

@@ -29,8 +29,9 @@ def register() -> None:
 
 def report(worker: Any = None) -> dict[str, Any]:
     """``method``, the W4A8 kernel this CPU runs (``native_isa``, or why it is missing); inside a
-    worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack) and ``head`` (the
-    output head's kernel, None when the head is not cpu_int4)."""
+    worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack), ``head`` (the
+    output head's kernel, None when the head is not cpu_int4) and ``embedding`` (the quantized input
+    embedding's scheme, resident bytes and tensors' dtypes and shapes; None when it is bf16)."""
     from omni_quant import layout_cache, native
     from omni_quant.config import QUANT_METHOD
 
@@ -46,6 +47,13 @@ def report(worker: Any = None) -> dict[str, Any]:
     out["head"] = getattr(head, "cpu_int4_kernel", None)
     # ``layout``: layers mapped from a layout file, written to one, or copied (and why); its resident pages
     out["layout"] = layout_cache.report()
+    emb = next((m for m in model.modules() if getattr(m, "cpu_int4_embedding_scheme", None)), None)
+    out["embedding"] = None if emb is None else {  # None: a bf16 input embedding
+        "scheme": emb.cpu_int4_embedding_scheme,
+        "resident_bytes": sum(p.numel() * p.element_size() for p in emb.parameters(recurse=False)),
+        "tensors": {n: [str(p.dtype).removeprefix("torch."), list(p.shape)]
+                    for n, p in emb.named_parameters(recurse=False)},
+    }
     return out
 
 

@@ -77,7 +77,8 @@ def _main(argv: list[str] | None) -> int:
     c.add_argument("--group-size", type=int, default=DEFAULT_GROUP_SIZE,
                    help=f"preferred group size: 128, 64 or 32 (default {DEFAULT_GROUP_SIZE})")
     c.add_argument("--keep-bf16", nargs="*", default=[], metavar="NAME",
-                   help="modules to leave in bf16, e.g. lm_head or down_proj")
+                   help="modules to leave in bf16, e.g. lm_head, down_proj, or embed_tokens (the input embedding; "
+                        "the only one a GGUF file takes)")
     c.add_argument("--format", default="cpu_int4", choices=("cpu_int4", "gptq"),
                    help="cpu_int4 (default), or gptq: stock vLLM's symmetric GPTQ format, round to nearest "
                         "(a baseline to compare with; the head stays bf16)")
@@ -85,14 +86,17 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         if _is_gguf(args.src):
-            if (args.keep_bf16 or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE
+            from omni_quant.embedding_convert import KEEP_NAMES
+
+            others = [k for k in args.keep_bf16 if k not in KEEP_NAMES]
+            if (others or args.format != "cpu_int4" or args.group_size != DEFAULT_GROUP_SIZE
                     or args.recipe != DEFAULT_RECIPE):
                 raise ConversionError("a GGUF file converts at group size 32 to cpu_int4 (its 4-bit blocks); "
-                                      "--recipe, --group-size, --keep-bf16 and --format apply to checkpoint "
-                                      "directories")
+                                      "--recipe, --group-size, --format and --keep-bf16 (but --keep-bf16 "
+                                      f"{' '.join(KEEP_NAMES)}) apply to checkpoint directories")
             from omni_quant.gguf_convert import convert_gguf
 
-            reports = convert_gguf(args.src, args.dst)
+            reports = convert_gguf(args.src, args.dst, keep_embedding=bool(args.keep_bf16))
         else:
             reports = convert(args.src, args.dst, args.group_size, args.keep_bf16, args.format, args.recipe)
     except ConversionError as e:
@@ -100,10 +104,12 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except (KeyboardInterrupt, _Terminated) as e:
         return _stopped(e, f" at {args.dst}")
-    q = [r for r in reports if r.group_size is not None]
+    q = [r for r in reports if r.bits is not None]
     dbs = [r.sqnr_db for r in q if r.sqnr_db is not None]
+    emb = next((r.action for r in q if r.action.startswith("embedding")), "kept in bf16")
     print(f"quantized {len(q)} tensors (of them repacked without requantization: "
-          f"{sum(r.action.startswith('repacked') for r in q)}; min SQNR {min(dbs, default=float('nan')):.1f} dB), "
+          f"{sum('repacked' in r.action for r in q)}; min SQNR {min(dbs, default=float('nan')):.1f} dB; "
+          f"input embedding: {emb.removeprefix('embedding ')}), "
           f"copied {len(reports) - len(q)}; report: {args.dst}/quantization_report.json")
     print(args.dst)
     return 0

@@ -5,8 +5,9 @@ omni's general plugin. A checkpoint whose ``config.json`` carries
 ``quantization_config.quant_method == "cpu_int4"`` selects it with no flag.
 
 Every ``LinearBase`` subclass (QKV, merged column, column, row, replicated) and the
-``ParallelLMHead`` get :class:`CpuInt4LinearMethod`; the input embedding stays
-unquantized (a lookup). Checkpoint tensors per module (see docs/cpu_int4.md):
+``ParallelLMHead`` get :class:`CpuInt4LinearMethod`; the input embedding named in
+``embedding_modules`` (format_version 4) gets :class:`omni_quant.embedding.CpuInt4EmbeddingMethod`
+(a lookup of its stored 4- or 8-bit rows), any other stays bf16. Checkpoint tensors per module (see docs/cpu_int4.md):
 ``qweight`` uint8 ``[N, K/2]``, ``scales`` and ``zeros`` ``[N, K/group_size]``.
 At load they are repacked once into the layout of the kernel chosen for the layer on this
 CPU (:mod:`omni_quant.kernel_choice`): omni's W4A8 kernel where it was built and fits, else
@@ -26,10 +27,11 @@ from vllm.model_executor.layers.linear import (
     register_weight_loader_v2_supported_method,
 )
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
-from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.parameter import GroupQuantScaleParameter, ModelWeightParameter
 
 from omni_quant import huge_pages, layout_cache, native, super_blocks
+from omni_quant.embedding import CpuInt4EmbeddingMethod
 from omni_quant.kernel_choice import Choice, choose, measure_dequant_min_rows
 from omni_quant.linear_int8 import CpuInt8LinearMethod
 from omni_quant.ops import cpu_int4_linear
@@ -82,6 +84,11 @@ class CpuInt4Config(QuantizationConfig):
         bits_per_module: module name -> 4 or 8, as the converter's recipe chose.
         super_block_modules: the 4-bit modules stored in super-blocks (format_version 3,
             :mod:`omni_quant.super_blocks`); the others are per group.
+        embedding_modules: the quantized input embedding(s) (format_version 4, :mod:`omni_quant.embedding`),
+            by checkpoint name (``model.embed_tokens``); each one's scheme is read from the same maps as a
+            linear layer's: 8-bit per group of 32 when ``bits_per_module`` says 8, super-blocks when in
+            ``super_block_modules``, else per group of ``group_size_per_module``. Absent (older checkpoints):
+            the embedding is bf16.
 
     Raises:
         ValueError: an unsupported group size, width or format version (the message says what to do).
@@ -90,7 +97,7 @@ class CpuInt4Config(QuantizationConfig):
     def __init__(self, group_size: int = 128, modules_to_not_convert: list[str] | None = None,
                  format_version: int = FORMAT_VERSION, group_size_per_module: dict[str, int] | None = None,
                  bits: int = 4, bits_per_module: dict[str, int] | None = None,
-                 super_block_modules: list[str] | None = None):
+                 super_block_modules: list[str] | None = None, embedding_modules: list[str] | None = None):
         super().__init__()
         if group_size not in GROUP_SIZES:
             raise ValueError(f"cpu_int4: group_size {group_size} is not one of {GROUP_SIZES}")
@@ -115,6 +122,13 @@ class CpuInt4Config(QuantizationConfig):
             raise ValueError(f"cpu_int4: {sorted(both)} are both 8-bit (bits_per_module) and in super-blocks; "
                              "the checkpoint's config is inconsistent: re-convert it")
         self.super_block_modules = set(sbm)
+        emb = embedding_modules or []
+        if isinstance(emb, str) or not all(isinstance(m, str) for m in emb):
+            raise ValueError(f"cpu_int4: embedding_modules must be a list of module names, got {emb!r}")
+        if emb and format_version < 4:
+            raise ValueError("cpu_int4: a quantized input embedding needs format_version 4; the checkpoint's config "
+                             "is inconsistent: re-convert it")
+        self.embedding_modules = list(emb)
         self.group_size = group_size
         self.modules_to_not_convert = list(modules_to_not_convert or [])
         self.group_size_per_module = dict(group_size_per_module or {})
@@ -151,6 +165,7 @@ class CpuInt4Config(QuantizationConfig):
             bits=config.get("bits", 4),
             bits_per_module=config.get("bits_per_module"),
             super_block_modules=config.get("super_block_modules"),
+            embedding_modules=config.get("embedding_modules"),
         )
 
     def _skipped(self, prefix: str) -> bool:
@@ -223,9 +238,34 @@ class CpuInt4Config(QuantizationConfig):
     def _method(self, prefix: str):
         return CpuInt8LinearMethod(prefix) if self.bits_for(prefix) == 8 else CpuInt4LinearMethod(self, prefix)
 
+    def embedding_for(self, prefix: str) -> str | None:
+        """The checkpoint name of the quantized input embedding vLLM builds as ``prefix``, or None (bf16).
+
+        ``prefix`` matches a name of ``embedding_modules`` exactly or at a name boundary (either way round:
+        vLLM may prefix or shorten names); an empty prefix (vLLM 0.28's Llama builds its embedding without
+        one) is the checkpoint's single quantized embedding."""
+        for m in self.embedding_modules:
+            if prefix == m or prefix.endswith("." + m) or m.endswith("." + prefix):
+                return m
+        if not prefix and len(self.embedding_modules) == 1:
+            return self.embedding_modules[0]
+        return None
+
+    def embedding_method(self, module: str) -> CpuInt4EmbeddingMethod:
+        """The lookup method of the quantized input embedding ``module`` (a name of ``embedding_modules``)."""
+        if int(self.bits_per_module.get(module, self.bits)) == 8:
+            return CpuInt4EmbeddingMethod("int8", prefix=module)
+        if module in self.super_block_modules:
+            return CpuInt4EmbeddingMethod("super_blocks", prefix=module)
+        return CpuInt4EmbeddingMethod("groups", int(self.group_size_per_module.get(module, self.group_size)), module)
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        # ParallelLMHead first: it is a VocabParallelEmbedding too
         if isinstance(layer, ParallelLMHead):
             return None if self._skipped(prefix) else self._method(prefix)
+        if isinstance(layer, VocabParallelEmbedding):
+            module = self.embedding_for(prefix)
+            return None if module is None else self.embedding_method(module)
         if isinstance(layer, LinearBase):
             return UnquantizedLinearMethod() if self._skipped(prefix) else self._method(prefix)
         return None

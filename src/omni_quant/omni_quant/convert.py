@@ -12,11 +12,15 @@ most ``SHARD_BYTES``), so peak memory is bounded by one shard plus the largest t
 not by the model. Writes into a temporary directory beside ``DST`` and renames it only
 when complete: a failure leaves nothing at ``DST``.
 
+The input embedding is quantized by the recipe (format_version 4, :mod:`omni_quant.embedding_convert`):
+vLLM looks its rows up in the stored form (:mod:`omni_quant.embedding`). ``--keep-bf16 embed_tokens`` keeps
+it in bf16, as do a kept tied head, GPTQ output and models whose logits are the embedding's.
+
 Tied embeddings (C04): when the output head is tied to the input embedding and not
 named in ``keep_bf16``, the converter writes a quantized ``lm_head`` (made from the
 embedding, or from ``lm_head.weight`` when the checkpoint also carries one) beside the
-bf16 embedding table used for lookups, and sets ``tie_word_embeddings: false``. With
-``keep_bf16=["lm_head"]`` the tie is kept and the head runs in bf16.
+quantized embedding table used for lookups, and sets ``tie_word_embeddings: false``. With
+``keep_bf16=["lm_head"]`` the tie is kept, and the head and the embedding stay one bf16 table.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from omni_quant import super_blocks
+from omni_quant import embedding_convert, super_blocks
 from omni_quant.calibration import CalibrationError, linear_input_importance
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import PackFormat, format_version_for, pack
@@ -55,8 +59,9 @@ logger = logging.getLogger("omni_quant.convert")
 
 __all__ = ["CONVERTER_VERSION", "FORMATS", "ConversionError", "TensorReport", "convert"]
 
-CONVERTER_VERSION = "omni-quant-convert/5"
-# 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too; 5: super-blocks (GGUF Q4_K kept as they are)
+CONVERTER_VERSION = "omni-quant-convert/6"
+# 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too; 5: super-blocks (GGUF Q4_K kept as they are);
+# 6: the input embedding quantized (format 4; GGUF token_embd kept in its type where cpu_int4 holds it)
 DEFAULT_GROUP_SIZE = 32
 SHARD_BYTES = 256 << 20
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -256,24 +261,31 @@ def write_int8(writer: ShardWriter, module: str, w: torch.Tensor) -> tuple[float
 
 def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure,
                     bits8: list[str] | None = None, recipe: str = DEFAULT_RECIPE,
-                    super_block_modules: list[str] | None = None) -> dict:
+                    super_block_modules: list[str] | None = None,
+                    embedding: embedding_convert.Written | None = None) -> dict:
     """The ``quantization_config`` of a cpu_int4 checkpoint: ``per_module`` gives the group size of each
     4-bit module (32 for one in super-blocks), ``bits8`` names the 8-bit ones (``bits_per_module``; format
-    version 2), ``super_block_modules`` the 4-bit ones in super-blocks (format version 3); what the loader
-    must build unquantized is the keep list and every linear layer the converter copied, by full name."""
-    bits_per_module = dict.fromkeys(sorted(bits8 or []), 8)
+    version 2), ``super_block_modules`` the 4-bit ones in super-blocks (format version 3), ``embedding`` the
+    quantized input embedding (``embedding_modules``, its scheme in the same maps; format version 4); what the
+    loader must build unquantized is the keep list and every linear layer the converter copied, by full name."""
+    extra = embedding_convert.config_fields(embedding)
+    per_module = {**per_module, **extra.get("group_size", {})}
+    bits_per_module = dict.fromkeys(sorted([*(bits8 or []), *extra.get("bits8", [])]), 8)
+    super_block_modules = [*(super_block_modules or []), *extra.get("super_blocks", [])]
     quantized = set(per_module) | set(bits_per_module)
     return {
         "quant_method": "cpu_int4",
         "bits": 4,
         "group_size": group_size,
         "pack_format": PackFormat.NIBBLES_LOW_FIRST.value,
-        "format_version": format_version_for({4, *bits_per_module.values()}, bool(super_block_modules)),
+        "format_version": format_version_for({4, *bits_per_module.values()}, bool(super_block_modules),
+                                             embedding is not None),
         "modules_to_not_convert": sorted(set(keep) | {
             n for n in structure.linear if n not in quantized and n.rsplit(".", 1)[-1] not in keep}),
         "group_size_per_module": per_module,
         **({"bits_per_module": bits_per_module} if bits_per_module else {}),
         **({"super_block_modules": sorted(super_block_modules)} if super_block_modules else {}),
+        **({"embedding_modules": extra["embedding_modules"]} if embedding is not None else {}),
         "recipe": recipe,
         "converter_version": CONVERTER_VERSION,
     }
@@ -352,18 +364,18 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
         raise ConversionError(f"--recipe {recipe} writes super-blocks, which only --format cpu_int4 holds")
     config = _read_config(src)
     names = _tensor_inventory(src, config)  # before anything is written
-    plan = _plan(src, config, names, keep)
+    plan = _plan(src, config, names, keep, fmt)
     tmp, created = partial_dir(dst)
     try:
         importance, importance_how = _importance(src, fmt, chosen)
         writer = ShardWriter(tmp)
-        reports = _write_tensors(writer, plan, names, fmt, group_size, chosen, importance)
+        reports, embedding = _write_tensors(writer, plan, names, fmt, group_size, chosen, importance)
         writer.finish()
-        _write_config(tmp, config, plan, fmt, group_size, chosen, reports)
+        _write_config(tmp, config, plan, fmt, group_size, chosen, reports, embedding)
         _copy_side_files(src, tmp)
         write_report(tmp, reports, source=str(src), recipe=chosen.name, group_size=group_size, keep_bf16=plan.keep,
                      architecture=plan.structure.architecture, importance=importance_how,
-                     tied_head=plan.tied_head_report())
+                     tied_head=plan.tied_head_report(), embedding=_embedding_report(embedding, plan.embedding_kept))
         publish(tmp, dst)
     except BaseException:
         discard(tmp, created)
@@ -429,6 +441,7 @@ class _Plan:
     tied: bool  # config.json's tie_word_embeddings
     has_head: bool  # the checkpoint carries lm_head.weight
     quantize_head: bool
+    embedding_kept: str | None = None  # why the input embedding stays bf16; None: quantized
 
     def quantizes(self, name: str) -> bool:
         """Whether checkpoint tensor ``name`` is the weight of a linear layer the recipe quantizes."""
@@ -443,7 +456,7 @@ class _Plan:
         return {"source_tied": self.tied, "head_quantized": self.quantize_head, "why_not": why}
 
 
-def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _Plan:
+def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str], fmt: str = "cpu_int4") -> _Plan:
     """Read the model's structure and settle the keep list and the output head.
 
     Raises:
@@ -456,6 +469,10 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
     keep, problems = structure.expand_keep(keep)
     if problems:
         raise ConversionError("; ".join(problems))
+    emb = structure.input_embedding
+    emb_names = {*embedding_convert.KEEP_NAMES, *((emb, emb.rsplit(".", 1)[-1]) if emb else ())}
+    keep_embedding = [k for k in keep if k in emb_names]
+    keep = [k for k in keep if k not in emb_names]
     if structure.head_is_embedding and "lm_head" not in keep:
         keep.append("lm_head")  # vLLM computes its logits with the embedding: the tie stays, in bf16
     head = structure.head  # "lm_head" in a keep list means the head, whatever the checkpoint calls it
@@ -479,7 +496,9 @@ def _plan(src: Path, config: dict, names: dict[str, Path], keep: list[str]) -> _
         raise ConversionError(
             f"{src}: config.json says tie_word_embeddings is false but the checkpoint has no "
             f"{head}.weight; the output head is missing (a truncated or mislabelled checkpoint)")
-    return _Plan(src, structure, keep, tied, has_head, quantize_head="lm_head" not in keep)
+    quantize_head = "lm_head" not in keep
+    kept = embedding_convert.why_kept(structure, keep_embedding, tied and not quantize_head, fmt)
+    return _Plan(src, structure, keep + keep_embedding, tied, has_head, quantize_head, kept)
 
 
 def partial_dir(dst: Path) -> tuple[Path, list[Path]]:
@@ -555,9 +574,12 @@ def _importance(src: Path, fmt: str, recipe: Recipe) -> tuple[dict[str, torch.Te
 
 
 def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt: str, group_size: int,
-                   recipe: Recipe, importance: dict[str, torch.Tensor]) -> list[TensorReport]:
-    """Every tensor of the checkpoint, in name order, quantized or copied into ``writer``; then the
-    quantized ``lm_head`` of a tied model, built from its embedding. Returns the report rows.
+                   recipe: Recipe, importance: dict[str, torch.Tensor]
+                   ) -> tuple[list[TensorReport], embedding_convert.Written | None]:
+    """Every tensor of the checkpoint, in name order, quantized or copied into ``writer`` (the input
+    embedding by :func:`omni_quant.embedding_convert.from_float` unless ``plan.embedding_kept``); then the
+    quantized ``lm_head`` of a tied model, built from its embedding. Returns the report rows and the
+    quantized embedding (None: bf16).
 
     Raises:
         ConversionError: an unreadable tensor, an unsupported dtype, a NaN/inf or non-2-D weight,
@@ -567,6 +589,8 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
     from safetensors import SafetensorError, safe_open
 
     reports: list[TensorReport] = []
+    embedding = None
+    emb = plan.structure.input_embedding
     for name, path in sorted(names.items()):
         with safe_open(str(path), framework="pt") as f:
             try:
@@ -576,6 +600,14 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
         if name == f"{plan.structure.head}.weight" and plan.tied and not plan.quantize_head:
             continue  # tied and kept in bf16: vLLM ties it to the embedding
         module = name.rsplit(".", 1)[0]
+        if emb is not None and name == f"{emb}.weight" and plan.embedding_kept is None:
+            embedding = _quantize_embedding(writer, module, t, name, recipe, group_size)
+            if embedding is not None:
+                reports.append(TensorReport(name, list(t.shape), embedding.action, None, embedding.sqnr_db,
+                                            t.numel() * t.element_size(), embedding.bytes_out, embedding.bits))
+                del t
+                continue
+            plan.embedding_kept = f"no scheme holds D={t.shape[1]} (a multiple of 32 is needed)"
         if plan.quantizes(name):
             _check_shape(t, name, plan.structure.shapes.get(module), plan.structure.architecture)
             reports.append(_quantize_one(writer, module, t, name, fmt, group_size, recipe, importance.get(module),
@@ -597,7 +629,32 @@ def _write_tensors(writer: ShardWriter, plan: _Plan, names: dict[str, Path], fmt
             w = f.get_tensor(embed)
         _check_shape(w, embed, plan.structure.shapes.get("lm_head"), plan.structure.architecture)
         reports.append(_quantize_one(writer, "lm_head", w, embed, fmt, group_size, recipe, importance.get("lm_head")))
-    return reports
+    return reports, embedding
+
+
+def _quantize_embedding(writer: ShardWriter, module: str, w: torch.Tensor, name: str, recipe: Recipe,
+                        group_size: int) -> embedding_convert.Written | None:
+    """The input embedding ``w`` ``[V, D]`` by the recipe's width (:func:`omni_quant.embedding_convert.from_float`).
+
+    Raises:
+        ConversionError: an unsupported dtype, NaN or inf, a range no scale holds."""
+    if w.dtype not in FLOAT_DTYPES or w.dim() != 2:
+        raise ConversionError(f"{name}: dtype {w.dtype}, shape {tuple(w.shape)}: expected a 2-D bf16, fp16 or fp32 "
+                              "embedding table")
+    if not bool(torch.isfinite(w).all()):
+        raise ConversionError(f"{name}: holds NaN or infinite values; {DAMAGED}")
+    try:
+        return embedding_convert.from_float(writer, module, w, recipe.body_bits, recipe.super_blocks, group_size)
+    except ValueError as e:
+        raise ConversionError(f"{name}: {e} (--keep-bf16 {module.rsplit('.', 1)[-1]})") from None
+
+
+def _embedding_report(written: embedding_convert.Written | None, kept: str | None) -> dict:
+    """The report's ``embedding`` entry: the quantized embedding's module, scheme, bits and bytes, or why it is bf16."""
+    if written is None:
+        return {"quantized": False, "why_not": kept}
+    return {"quantized": True, "module": written.module, "scheme": written.scheme, "group_size": written.group_size,
+            "bits": written.bits, "bytes": written.bytes_out}
 
 
 def _check_shape(w: torch.Tensor, source_name: str, expected: tuple[int, int] | None, arch: str) -> None:
@@ -668,10 +725,11 @@ def _quantize_one(writer: ShardWriter, module: str, w: torch.Tensor, source_name
 
 
 def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: int, recipe: Recipe,
-                  reports: list[TensorReport]) -> None:
+                  reports: list[TensorReport], embedding: embedding_convert.Written | None = None) -> None:
     """``config.json`` of the output: the source's, untied when the head was quantized, with the
     ``quantization_config`` of ``fmt`` (each quantized module's group size and width from its report row)."""
-    quantized = {_module_of(r.name): r for r in reports if r.bits is not None}
+    skip = embedding.module if embedding is not None else None
+    quantized = {_module_of(r.name): r for r in reports if r.bits is not None and _module_of(r.name) != skip}
     per_module = {m: r.group_size for m, r in quantized.items() if r.bits == 4}
     bits8 = [m for m, r in quantized.items() if r.bits == 8]
     sb = [m for m, r in quantized.items() if "super-blocks" in r.action]
@@ -682,7 +740,7 @@ def _write_config(tmp: Path, config: dict, plan: _Plan, fmt: str, group_size: in
         "quant_method": "gptq", "bits": 4, "group_size": group_size, "desc_act": False, "sym": True,
         "lm_head": False, "checkpoint_format": "gptq", "converter_version": CONVERTER_VERSION,
     } if fmt == "gptq" else cpu_int4_config(group_size, plan.keep, per_module, plan.structure, bits8,
-                                            recipe.name, sb)
+                                            recipe.name, sb, embedding)
     (tmp / "config.json").write_text(json.dumps(out, indent=2) + "\n")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EXACT_TYPES", "GROUP", "scale_min_k4", "stored_values_finite", "to_cpu_int4"]
+__all__ = ["EXACT_TYPES", "GROUP", "q8_0_parts", "scale_min_k4", "stored_values_finite", "to_cpu_int4"]
 
 GROUP = 32
 EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
@@ -119,3 +119,21 @@ def to_cpu_int4(raw: np.ndarray, kind: str, rows: int, cols: int) -> tuple[np.nd
     return (codes.reshape(rows, cols).astype(np.uint8),
             scales.reshape(rows, groups_per_row).astype(np.float32),
             zeros.reshape(rows, groups_per_row).astype(np.float32))
+
+
+def q8_0_parts(raw: np.ndarray, rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """A GGUF ``Q8_0`` tensor's bytes -> ``(q int8 [rows, cols], d float16 [rows, cols/32])``, bit for bit:
+    ``w = q * d`` (llama.cpp ``block_q8_0``: fp16 ``d`` then 32 int8 values, 34 bytes a block).
+
+    Raises:
+        ValueError: K is not a multiple of 32, or the byte count does not match ``[rows, cols]``."""
+    if cols % GROUP or rows <= 0 or cols <= 0:
+        raise ValueError(f"Q8_0: [{rows}, {cols}] must be positive and K a multiple of its block of {GROUP}")
+    nblocks = rows * cols // GROUP
+    raw = np.ascontiguousarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size != nblocks * 34:
+        raise ValueError(f"Q8_0 [{rows}, {cols}] needs {nblocks * 34} bytes, the tensor has {raw.size}")
+    b = raw.reshape(nblocks, 34)
+    d = b[:, 0:2].copy().view(np.float16)[:, 0]
+    q = b[:, 2:34].copy().view(np.int8)
+    return q.reshape(rows, cols), d.reshape(rows, cols // GROUP)

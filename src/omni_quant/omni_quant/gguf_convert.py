@@ -16,7 +16,10 @@ back from the GGUF's metadata). Tensors are matched to the checkpoint names tran
 - requantization uses the default recipe's weighted rounding, the calibration run on transformers'
   dequantized reading of the same file. llama.cpp's row permutation of Llama's q/k projections is
   undone on codes and constants alike (transformers' ``LlamaTensorProcessor``), which keeps them exact;
-- everything else (embeddings, norms, biases) is dequantized and **copied** in bf16.
+- the input embedding (``token_embd``) keeps the file's type where cpu_int4 holds it (``Q4_K`` in
+  super-blocks, ``Q4_0``/``Q4_1`` per group, ``Q8_0`` 8-bit, bit for bit), any other type is requantized
+  to 8 bits per group of 32 (:mod:`omni_quant.embedding_convert`); ``keep_embedding`` copies it in bf16;
+- everything else (norms, biases) is dequantized and **copied** in bf16.
 
 ``quantization_report.json`` says which path each tensor took and its GGUF type.
 """
@@ -30,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from omni_quant import super_blocks
+from omni_quant import embedding_convert, super_blocks
 from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, stored_values_finite, to_cpu_int4
 
 __all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
@@ -166,8 +169,10 @@ def _super_block_modules(reader, name_map: dict[str, str], structure) -> set[str
     return chosen
 
 
-def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str]) -> list:
+def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str], keep_embedding: bool = False) -> list:
     """Convert the GGUF ``gguf_file`` to a cpu_int4 checkpoint at ``dst``; return the per-tensor report.
+    ``keep_embedding`` (``--keep-bf16 embed_tokens``) copies the input embedding in bf16 instead of keeping
+    its stored type.
 
     Raises:
         ConversionError: the file is missing, damaged or of an architecture transformers or vLLM
@@ -181,6 +186,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         ConversionError,
         ShardWriter,
         TensorReport,
+        _embedding_report,
         cpu_int4_config,
         discard,
         partial_dir,
@@ -219,6 +225,10 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         in_sb = _super_block_modules(reader, name_map, structure) if exact_ok else set()
         tied = not any(t.name == "output.weight" for t in reader.tensors)
         head_from = None
+        keep_names = list(embedding_convert.KEEP_NAMES) if keep_embedding else []
+        emb_kept = embedding_convert.why_kept(structure, keep_names, tied and structure.head_is_embedding)
+        emb_weight = f"{structure.input_embedding}.weight" if structure.input_embedding else None
+        embedding = None
         for t in reader.tensors:
             hf = name_map.get(t.name)
             if hf is None:
@@ -246,14 +256,34 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
                 reports.append(TensorReport(f"{hf} <- {t.name}", [rows, cols], f"repacked from {kind}", GROUP, None,
                                             int(t.n_bytes), out_bytes, 4))
                 continue
-            try:
-                values = dequantize(np.asarray(t.data), t.tensor_type)
-            except NotImplementedError as e:
-                raise ConversionError(f"{path}: tensor {t.name} is {kind}, which the gguf package cannot "
-                                      f"dequantize ({e})") from e
-            values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
-            if t.name in unchecked and not np.isfinite(values).all():
-                raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite values; {DAMAGED}")
+
+            def values_of(t=t, kind=kind) -> np.ndarray:
+                try:
+                    values = dequantize(np.asarray(t.data), t.tensor_type)
+                except NotImplementedError as e:
+                    raise ConversionError(f"{path}: tensor {t.name} is {kind}, which the gguf package cannot "
+                                          f"dequantize ({e})") from e
+                values = processor.process(np.asarray(values, dtype=np.float32), t.name).weights
+                if t.name in unchecked and not np.isfinite(values).all():
+                    raise ConversionError(f"{path}: tensor {t.name} ({kind}) holds NaN or infinite values; "
+                                          f"{DAMAGED}")
+                return values
+
+            if hf == emb_weight and emb_kept is None and rows:
+                try:  # the exact types need transformers' plain reading of the tensor (exact_ok)
+                    embedding = embedding_convert.from_gguf(writer, module, np.asarray(t.data), kind, rows, cols,
+                                                            values_of, exact=exact_ok)
+                except ValueError as e:
+                    raise ConversionError(f"{path}: tensor {t.name} ({kind}): {e}") from None
+                if embedding is not None:
+                    reports.append(TensorReport(f"{hf} <- {t.name}", [rows, cols], embedding.action, None,
+                                                embedding.sqnr_db, int(t.n_bytes), embedding.bytes_out,
+                                                embedding.bits))
+                    if tied:
+                        head_from = torch.from_numpy(np.array(values_of(), dtype=np.float32)).to(torch.bfloat16)
+                    continue
+                emb_kept = f"{kind} with D={cols} (not a multiple of 32): no scheme holds it"
+            values = values_of()
             # np.array copies: the file is mapped read-only, and torch warns on a read-only array
             w = torch.from_numpy(np.array(values, dtype=np.float32)).to(torch.bfloat16)
             if linear:
@@ -285,13 +315,14 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str])
         if untie:
             config["tie_word_embeddings"] = False
         config["quantization_config"] = cpu_int4_config(GROUP, keep, per_module, structure, recipe="gguf",
-                                                        super_block_modules=sorted(in_sb & set(per_module)))
+                                                        super_block_modules=sorted(in_sb & set(per_module)),
+                                                        embedding=embedding)
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         write_report(tmp, reports, source=str(path), source_format="gguf", recipe="gguf", group_size=GROUP,
-                     keep_bf16=keep, importance=importance_how,
-                     architecture=structure.architecture,
+                     keep_bf16=keep + keep_names, importance=importance_how,
+                     architecture=structure.architecture, embedding=_embedding_report(embedding, emb_kept),
                      paths={p: sum(r.action.startswith(p) for r in reports) for p in ("repacked", "requantized",
-                                                                                        "copied")})
+                                                                                        "copied", "embedding")})
         publish(tmp, dst)
     except BaseException:
         discard(tmp, created)

@@ -13,19 +13,25 @@ import torch
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "PackFormat", "format_version_for", "pack", "unpack"]
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """1: NIBBLES_LOW_FIRST qweight, bf16 scales and zeros [N, K / group_size].
 2: as 1, and modules may be 8-bit weight-only (``bits`` / ``bits_per_module``: ``qweight8`` int8
 ``[N, K]``, ``scales8`` ``[N]``).
 3: as 2, and 4-bit modules may be in super-blocks (``super_block_modules``: Q4_K's arrangement,
-:mod:`omni_quant.super_blocks`)."""
+:mod:`omni_quant.super_blocks`).
+4: as 3, and the input embedding may be quantized (``embedding_modules``: per group, in super-blocks
+or 8-bit per group of 32, :mod:`omni_quant.embedding`). An older reader would build a bf16 embedding
+and fail on its tensors, so such a checkpoint says 4 and older readers refuse it by its version."""
 
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 
 
-def format_version_for(bits: set[int], super_blocks: bool = False) -> int:
+def format_version_for(bits: set[int], super_blocks: bool = False, embedding: bool = False) -> int:
     """The lowest format version that holds these modules (so older readers keep reading what they
-    can): 3 with super-block modules, else 1 for ``{4}`` and 2 with 8-bit modules."""
+    can): 4 with a quantized input embedding, else 3 with super-block modules, else 1 for ``{4}`` and
+    2 with 8-bit modules."""
+    if embedding:
+        return 4
     if super_blocks:
         return 3
     return 1 if bits <= {4} else 2

@@ -26,8 +26,10 @@ __all__ = [
     "choose_group_size",
     "dequantize",
     "dequantize_int8",
+    "dequantize_int8_groups",
     "quantize",
     "quantize_int8",
+    "quantize_int8_groups",
     "reference_linear",
     "sqnr_db",
 ]
@@ -212,6 +214,47 @@ def quantize_int8(w: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> tuple
 def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``q * scale`` per row: int8 ``[N, K]`` and ``[N]`` -> ``[N, K]`` in ``dtype``."""
     return (q.float() * scales.float().unsqueeze(1)).to(dtype)
+
+
+INT8_GROUP = 32
+"""Group of :func:`quantize_int8_groups`: llama.cpp's ``Q8_0`` block (``QK8_0`` in ``ggml-common.h``)."""
+
+
+def quantize_int8_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric 8-bit quantization per group of 32 along K, llama.cpp's ``Q8_0`` (``quantize_row_q8_0_ref``
+    in ``ggml-quants.c``): ``(q int8 [N, K], d float16 [N, K/32])`` with ``w ~= q * d``.
+
+    ``d = max |w| / 127`` of the group rounded to float16 (0 for an all-zero group), then
+    ``q = clamp(round(w / d), -127, 127)`` against the rounded ``d`` (llama.cpp divides by the unrounded one;
+    the rounded one makes ``q * d`` the best of its codes).
+
+    Raises:
+        ValueError: ``w`` is not 2-D with K a multiple of 32, holds NaN or inf, or a group's ``d`` overflows
+            float16 (magnitudes above about 8.3e6).
+    """
+    if w.dim() != 2 or w.shape[1] % INT8_GROUP:
+        raise ValueError(f"expected a 2-D weight [N, K] with K a multiple of {INT8_GROUP}, got {tuple(w.shape)}")
+    wf = w.detach().float()
+    if not bool(torch.isfinite(wf).all()):
+        raise ValueError("the weight holds NaN or infinite values")
+    n, k = wf.shape
+    wg = wf.reshape(n, k // INT8_GROUP, INT8_GROUP)
+    d = (wg.abs().amax(-1) / 127.0).to(torch.float16)
+    if not bool(torch.isfinite(d).all()):
+        raise ValueError("a group's scale overflows float16 (weights above about 8.3e6)")
+    d32 = d.float()
+    safe = torch.where(d32 > 0, d32, torch.ones_like(d32))
+    q = torch.clamp(torch.round(wg / safe.unsqueeze(-1)), -127, 127)
+    q = torch.where((d32 > 0).unsqueeze(-1), q, torch.zeros_like(q))
+    return q.to(torch.int8).reshape(n, k), d
+
+
+def dequantize_int8_groups(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``q * d`` per group of 32 in float32: int8 ``[N, K]`` and ``[N, K/32]`` -> float32 ``[N, K]``. Every
+    product is exact in float32 (8-bit codes times an 11-bit float16 mantissa), so the result does not
+    depend on how a compiler fuses it."""
+    n, k = q.shape
+    return (q.float().reshape(n, k // INT8_GROUP, INT8_GROUP) * d.float().unsqueeze(-1)).reshape(n, k)
 
 
 def reference_linear(x: torch.Tensor, q, scales, zeros, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -34,7 +34,10 @@ class ModelStructure:
     names it is made of; ``architecture``: the vLLM architecture served; ``head``: the checkpoint
     name of the output head (transformers' ``get_output_embeddings()``: ``lm_head`` for most,
     ``embed_out`` for GPT-NeoX); ``shapes``: checkpoint module name of each linear layer -> the
-    ``(out_features, in_features)`` its weight must have under this ``config.json``."""
+    ``(out_features, in_features)`` its weight must have under this ``config.json``; ``input_embedding``:
+    the checkpoint module name of the input embedding (transformers' ``get_input_embeddings()``);
+    ``embedding_takes_quant_config``: vLLM's model module builds a ``VocabParallelEmbedding`` with the
+    quantization config (so a quantized input embedding can be loaded)."""
 
     architecture: str
     linear: frozenset[str]
@@ -45,6 +48,8 @@ class ModelStructure:
     asserts ``tie_word_embeddings``), so the output head cannot be a separate quantized layer."""
     head: str = "lm_head"
     shapes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    input_embedding: str | None = None
+    embedding_takes_quant_config: bool = False
 
     def partners(self, short: str) -> tuple[str, ...] | None:
         """The members of the fused layer ``short`` belongs to (itself included), or None."""
@@ -80,7 +85,25 @@ class ModelStructure:
         return out, sorted(set(problems))
 
 
-def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]], bool]:
+def _embedding_takes_quant_config(source: str) -> bool:
+    """Whether a ``VocabParallelEmbedding(...)`` call in the model module's ``source`` passes ``quant_config``
+    (vLLM 0.28's ``llama.py`` and ``qwen2.py`` do; a model that does not would build a bf16 table and fail on a
+    quantized checkpoint's tensors)."""
+    start = 0
+    while (at := source.find("VocabParallelEmbedding(", start)) >= 0:
+        depth, end = 0, at + len("VocabParallelEmbedding")
+        while end < len(source):
+            depth += {"(": 1, ")": -1}.get(source[end], 0)
+            if depth == 0:
+                break
+            end += 1
+        if "quant_config" in source[at:end]:
+            return True
+        start = end
+    return False
+
+
+def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]], bool, bool]:
     from vllm.model_executor.models import ModelRegistry
 
     supported = ModelRegistry.get_supported_archs()
@@ -101,7 +124,7 @@ def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]
 
     source = inspect.getsource(sys.modules[cls.__module__])
     head_is_embedding = "assert config.tie_word_embeddings" in source
-    return arch, {k: tuple(v) for k, v in mapping.items()}, head_is_embedding
+    return arch, {k: tuple(v) for k, v in mapping.items()}, head_is_embedding, _embedding_takes_quant_config(source)
 
 
 def _vllm_version() -> str:
@@ -131,7 +154,7 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise StructureError(f"{src}/config.json: \"architectures\" is {json.dumps(archs)}; it must be a list of "
                              "class names such as [\"Qwen2ForCausalLM\"] (fix config.json)")
-    arch, fused, head_is_embedding = _vllm_architecture(list(archs))
+    arch, fused, head_is_embedding, embedding_quant = _vllm_architecture(list(archs))
     try:
         hf_config = AutoConfig.from_pretrained(str(src))
         with torch.device("meta"):
@@ -150,7 +173,10 @@ def model_structure(src: Path, config: dict) -> ModelStructure:
     embeddings = frozenset(names[name] for name, m in model.named_modules() if isinstance(m, torch.nn.Embedding))
     out = model.get_output_embeddings()
     head = next((names[name] for name, m in model.named_modules() if m is out and name), "lm_head")
-    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding, head, shapes)
+    inp = model.get_input_embeddings()
+    input_embedding = next((names[name] for name, m in model.named_modules() if m is inp and name), None)
+    return ModelStructure(arch, linear, embeddings, fused, head_is_embedding, head, shapes, input_embedding,
+                          embedding_quant)
 
 
 def checkpoint_names(model) -> dict[str, str]:
