@@ -2,8 +2,9 @@
 
 The output head turns the final hidden state into the logits that pick every token, and its
 input, the final norm's output, is far from uniform: a few channels carry most of the energy.
-:func:`head_input_importance` runs the bf16 model once over :data:`CALIBRATION_TEXT`
-(transformers, CPU) and returns E[x_k^2] per input channel of the head, which
+:func:`linear_input_importance` runs the bf16 model over :data:`CALIBRATION_TEXT` (transformers,
+CPU, one decoder layer in memory at a time: :mod:`omni_quant.streaming`) and returns E[x_k^2] per
+input channel of every linear layer (:func:`head_input_importance`: of the head), which
 :func:`omni_quant.quant_math.quantize` uses to weight each channel's rounding error (the
 diagonal of llama.cpp's ``imatrix``; AWQ, Lin et al. 2023, scales by the same statistic).
 
@@ -67,25 +68,125 @@ def head_input_importance(src: str | Path) -> tuple[torch.Tensor | None, str]:
 
 
 def linear_input_importance(src: str | Path, gguf_file: str | None = None, config=None,
-                            tokenizer_dir: str | Path | None = None) -> tuple[dict[str, torch.Tensor] | None, str]:
-    """E[x_k^2] of every linear layer's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
+                            tokenizer_dir: str | Path | None = None, source=None,
+                            watch=None) -> tuple[dict[str, torch.Tensor] | None, str]:
+    """E[x^2] of every linear layer's input over :data:`CALIBRATION_TEXT`, from the bf16 model at ``src``.
 
     Returns ``(importance, how)``: ``importance`` maps each ``torch.nn.Linear`` of the model as
     transformers builds it, by module name (the checkpoint's names, e.g.
     ``model.layers.0.mlp.down_proj``; the output head also as ``"lm_head"``), to float32 ``[in_features]``;
     None when the model cannot run here (no tokenizer in ``src``, or transformers cannot build it).
-    ``how`` is one line for the quantization report (token count, or why there is none). Loads the
-    whole model in bf16 once (about 2 bytes per parameter of RAM) and runs one forward per text, on CPU.
-    With ``gguf_file`` (a file in the directory ``src``), the model and tokenizer are transformers'
-    reading of that llama.cpp file, every tensor dequantized (``GgufConfig(dequantize=True)``).
+    ``how`` is one line for the quantization report (token count, or why there is none).
+
+    The forward runs one decoder layer at a time (:func:`omni_quant.streaming.layerwise_input_sums`):
+    resident are one layer's bf16 weights, the embedding while the texts are embedded, and the
+    activations of the texts, never the model; the values are those of a whole-model forward in bf16
+    (tests/test_streaming_calibration.py compares them). The weights are read from ``source``
+    (:mod:`omni_quant.tensor_sources`), by default the safetensors files of ``src``, or with
+    ``gguf_file`` (a file in the directory ``src``) that llama.cpp file, each tensor dequantized as
+    transformers' GGUF reading does. A model the layer walk cannot feed by name (a fused MoE expert
+    tensor) falls back to loading the whole model with transformers, logged and said in ``how``.
     ``config`` (a transformers config already read from ``src``) and ``tokenizer_dir`` (a directory
     holding that model's tokenizer files) spare transformers reading them again: each reading of a
-    GGUF file parses all its metadata, the vocabulary included (seconds on two cores).
+    GGUF file parses all its metadata, the vocabulary included (seconds on two cores). ``watch(model)``
+    is passed to the layer walk (tests count the weights materialized at once).
 
     Raises:
-        CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``.
+        CalibrationError: a tensor's shape contradicts ``config.json`` (checked before any tokenizer is read).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from omni_quant.streaming import NotLayerwise, layerwise_input_sums
+
+    if config is None:
+        try:
+            from transformers import AutoConfig
+
+            config = AutoConfig.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
+    not_layerwise = None
+    try:
+        if source is None:
+            source = _default_source(Path(src), gguf_file, config)
+        ids, how = _token_ids(src, gguf_file, tokenizer_dir)
+        found = layerwise_input_sums(config, source, ids or [], watch=watch, shape_error=CalibrationError)
+        if ids is None:
+            return None, how
+        sums, counts, head_name, stats = found
+        where = f"one decoder layer at a time, {stats.layers} layers"
+    except CalibrationError:
+        raise
+    except NotLayerwise as e:
+        not_layerwise = e
+    except Exception as e:  # the weighting is an improvement, never a reason to fail a conversion
+        return None, f"none: the calibration forward failed ({type(e).__name__}: {str(e)[:120]})"
+    if not_layerwise is not None:
+        logger.warning("omni-quant: calibration loads the whole model (%s)", not_layerwise)
+        try:
+            sums, counts, head_name, how = _whole_model_sums(src, gguf_file, config, tokenizer_dir)
+        except CalibrationError:
+            raise
+        except Exception as e:  # noqa: BLE001  (as above)
+            return None, f"none: the calibration forward failed ({type(e).__name__}: {str(e)[:120]})"
+        if sums is None:
+            return None, how
+        where = f"whole model in memory: {not_layerwise}"
+    count = counts.get(head_name, 0)
+    if count < MIN_TOKENS:  # e.g. a tokenizer transformers builds from the config alone, with no vocabulary
+        return None, (f"none: the tokenizer of {src} turns the calibration text into {count} tokens "
+                      f"(fewer than {MIN_TOKENS}: no usable tokenizer)")
+    importance = {name: total / counts[name] for name, total in sums.items()}
+    how = (f"E[x^2] per input channel of {len(importance)} linear layers over {count} calibration tokens "
+           f"({where}; omni_quant.calibration)")
+    logger.info("omni-quant: input importance of %d linear layers from %d calibration tokens", len(importance), count)
+    importance["lm_head"] = importance[head_name]  # the head by its generic name too (GPT-NeoX: embed_out)
+    return importance, how
+
+
+def _default_source(src: Path, gguf_file: str | None, config):
+    """The tensors of ``src``: its safetensors files, or the GGUF file ``src / gguf_file``.
+
+    Raises:
+        NotLayerwise: they cannot be listed by name (the caller loads the whole model instead)."""
+    from omni_quant.streaming import NotLayerwise
+    from omni_quant.tensor_sources import GgufSource, SafetensorsSource
+
+    if gguf_file is not None:
+        from omni_quant.gguf_convert import _name_map, _reader
+
+        name_map, processor = _name_map(config)
+        return GgufSource(src / gguf_file, _reader(src / gguf_file), name_map, processor)
+    from omni_quant.convert import ConversionError, _tensor_inventory
+
+    try:
+        return SafetensorsSource(_tensor_inventory(src, config.to_dict()))
+    except ConversionError as e:
+        raise NotLayerwise(str(e)) from e
+
+
+def _token_ids(src, gguf_file: str | None, tokenizer_dir) -> tuple[list[torch.Tensor] | None, str]:
+    """:data:`CALIBRATION_TEXT` as token ids (int64 ``[1, T]`` per non-empty text), or None and why not."""
+    from transformers import AutoTokenizer
+
+    try:
+        if tokenizer_dir is not None:
+            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        else:
+            tok = AutoTokenizer.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
+    except (OSError, ValueError, TypeError) as e:
+        return None, f"none: no tokenizer in {src} ({type(e).__name__})"
+    ids = [tok(text, return_tensors="pt")["input_ids"] for text in CALIBRATION_TEXT]
+    return [i for i in ids if i.numel()], ""
+
+
+def _whole_model_sums(src, gguf_file: str | None, config, tokenizer_dir):
+    """The calibration forward on the whole model loaded by transformers (bf16, about 2 bytes per
+    parameter): the fallback for a model :mod:`omni_quant.streaming` cannot walk layer by layer, and the
+    reference its tests compare with. Returns ``(sums, counts, head name, how)``, sums None with how
+    saying why.
+
+    Raises:
+        CalibrationError: transformers refuses a tensor whose shape contradicts ``config.json``."""
+    from transformers import AutoModelForCausalLM
 
     extra = {}
     if gguf_file is not None:
@@ -101,16 +202,12 @@ def linear_input_importance(src: str | Path, gguf_file: str | None = None, confi
             first = next((ln.strip() for ln in str(e).splitlines() if "mismatch" in ln.lower()), str(e)[:200])
             raise CalibrationError(f"{src}: a tensor's shape contradicts config.json ({first[:200]}); "
                                    "the checkpoint is damaged or its config belongs to another model") from e
-        return None, f"none: transformers cannot build the model (RuntimeError: {str(e)[:120]})"
+        return None, None, None, f"none: transformers cannot build the model (RuntimeError: {str(e)[:120]})"
     except (OSError, ValueError, TypeError, KeyError) as e:
-        return None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
-    try:
-        if tokenizer_dir is not None:
-            tok = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-        else:
-            tok = AutoTokenizer.from_pretrained(str(src), **({"gguf_file": gguf_file} if gguf_file else {}))
-    except (OSError, ValueError, TypeError) as e:
-        return None, f"none: no tokenizer in {src} ({type(e).__name__})"
+        return None, None, None, f"none: transformers cannot build the model ({type(e).__name__}: {str(e)[:120]})"
+    ids, how = _token_ids(src, gguf_file, tokenizer_dir)
+    if ids is None:
+        return None, None, None, how
     model.eval()
     head = model.get_output_embeddings()
     sums: dict[str, torch.Tensor] = {}
@@ -131,23 +228,9 @@ def linear_input_importance(src: str | Path, gguf_file: str | None = None, confi
     head_name = next((names[name] for name, m in model.named_modules() if m is head and name), "lm_head")
     try:
         with torch.inference_mode():
-            for text in CALIBRATION_TEXT:
-                ids = tok(text, return_tensors="pt")["input_ids"]
-                if ids.numel():
-                    model(input_ids=ids, logits_to_keep=0)
-    except Exception as e:  # the weighting is an improvement, never a reason to fail a conversion
-        return None, f"none: the calibration forward failed ({type(e).__name__}: {str(e)[:120]})"
+            for one in ids:
+                model(input_ids=one, logits_to_keep=0)
     finally:
         for h in hooks:
             h.remove()
-    count = counts.get(head_name, 0)
-    if count < MIN_TOKENS:  # e.g. a tokenizer transformers builds from the config alone, with no vocabulary
-        return None, (f"none: the tokenizer of {src} turns the calibration text into {count} tokens "
-                      f"(fewer than {MIN_TOKENS}: no usable tokenizer)")
-    importance = {name: total / counts[name] for name, total in sums.items()}
-    del model
-    how = (f"E[x^2] per input channel of {len(importance)} linear layers over {count} calibration tokens "
-           "(omni_quant.calibration)")
-    logger.info("omni-quant: input importance of %d linear layers from %d calibration tokens", len(importance), count)
-    importance["lm_head"] = importance[head_name]  # the head by its generic name too (GPT-NeoX: embed_out)
-    return importance, how
+    return sums, counts, head_name, ""

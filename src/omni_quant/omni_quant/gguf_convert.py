@@ -105,19 +105,23 @@ def _name_map(cfg) -> tuple[dict[str, str], object]:
     return get_gguf_hf_weights_map(model, processor), processor
 
 
-def _importance(path: Path, cfg, tokenizer_dir: Path) -> tuple[dict[str, torch.Tensor], str]:
+def _importance(path: Path, cfg, tokenizer_dir: Path, reader, name_map: dict[str, str],
+                processor) -> tuple[dict[str, torch.Tensor], str]:
     """E[x^2] of every linear layer's input, from transformers' dequantized reading of the file: the
-    default recipe's weighting for the tensors this path requantizes (:mod:`omni_quant.calibration`).
-    ``cfg`` and the tokenizer in ``tokenizer_dir`` are :func:`_hf_side`'s, so the file's metadata is
-    not parsed twice more.
+    default recipe's weighting for the tensors this path requantizes (:mod:`omni_quant.calibration`),
+    one decoder layer dequantized at a time (:class:`omni_quant.tensor_sources.GgufSource` on ``reader``,
+    ``name_map`` and ``processor``, :func:`_name_map`'s). ``cfg`` and the tokenizer in ``tokenizer_dir`` are
+    :func:`_hf_side`'s, so the file's metadata is not parsed twice more.
 
     Raises:
         ConversionError: the file's model contradicts its own metadata (:class:`CalibrationError`)."""
     from omni_quant.calibration import CalibrationError, linear_input_importance
     from omni_quant.convert import ConversionError
+    from omni_quant.tensor_sources import GgufSource
 
     try:
-        found, how = linear_input_importance(path.parent, gguf_file=path.name, config=cfg, tokenizer_dir=tokenizer_dir)
+        found, how = linear_input_importance(path.parent, gguf_file=path.name, config=cfg, tokenizer_dir=tokenizer_dir,
+                                             source=GgufSource(path, reader, name_map, processor))
     except CalibrationError as e:
         raise ConversionError(str(e)) from e
     return found or {}, how
@@ -220,7 +224,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
             raise ConversionError(str(e)) from e
         name_map, processor = _name_map(cfg)
         exact_ok = type(processor) in (TensorProcessor, LlamaTensorProcessor)
-        importance, importance_how = _importance(path, cfg, tmp)
+        importance, importance_how = _importance(path, cfg, tmp, reader, name_map, processor)
         writer, reports, per_module = ShardWriter(tmp), [], {}
         in_sb = _super_block_modules(reader, name_map, structure) if exact_ok else set()
         tied = not any(t.name == "output.weight" for t in reader.tensors)

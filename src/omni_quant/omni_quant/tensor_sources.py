@@ -1,0 +1,107 @@
+"""One checkpoint tensor at a time, by name: what the layer-by-layer calibration reads its weights from.
+
+Two sources, each holding nothing in memory but the tensor it is asked for:
+
+- :class:`SafetensorsSource`: a Hugging Face checkpoint's ``*.safetensors`` files; each read opens
+  the file, copies the one tensor out and closes it (``safetensors.safe_open``), so no mapping of the
+  file stays in the process.
+- :class:`GgufSource`: a llama.cpp GGUF file; each read copies the tensor's bytes with ``os.pread``
+  (not through ``GGUFReader``'s memory map, whose touched pages would stay in the resident set until
+  the reader is dropped), dequantizes them with the ``gguf`` package and applies transformers'
+  tensor processor (llama.cpp's q/k row permutation undone), as transformers' own
+  ``load_gguf_checkpoint`` does (transformers 5.25, ``modeling_gguf_pytorch_utils.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["GgufSource", "SafetensorsSource", "gguf_tensor_bytes"]
+
+
+class SafetensorsSource:
+    """Tensors of a safetensors checkpoint by name, read one by one.
+
+    ``files`` maps each tensor name to the file holding it (:func:`omni_quant.convert._tensor_inventory`)."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files = dict(files)
+
+    def names(self) -> set[str]:
+        """Every tensor name the checkpoint holds."""
+        return set(self.files)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The stored shape of ``name``, read from the file's header only."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return tuple(f.get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` as stored (its dtype and shape), a private copy.
+
+        Raises:
+            KeyError: no such tensor; safetensors' own errors for an unreadable file."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as f:
+            return f.get_tensor(name)
+
+
+def gguf_tensor_bytes(fd: int, tensor) -> np.ndarray:
+    """The stored data of a ``gguf.ReaderTensor`` read from the open file ``fd`` with ``os.pread``, shaped and
+    typed as ``tensor.data`` (quantized types: uint8 ``[rows, bytes per row]``), without touching the reader's
+    memory map (its pages would count in the process's resident set while the reader lives).
+
+    Raises:
+        OSError: the file is shorter than the tensor's extent (a truncated file)."""
+    n, at = int(tensor.n_bytes), int(tensor.data_offset)
+    raw = os.pread(fd, n, at)
+    if len(raw) != n:
+        raise OSError(f"tensor {tensor.name}: {len(raw)} of {n} bytes at offset {at} (the file is truncated)")
+    return np.frombuffer(raw, dtype=tensor.data.dtype).reshape(tensor.data.shape)
+
+
+class GgufSource:
+    """Tensors of a GGUF file by their transformers name, each dequantized to float32 when read.
+
+    ``reader`` is the file's ``gguf.GGUFReader``; ``name_map`` maps GGUF tensor names to transformers'
+    parameter names (``get_gguf_hf_weights_map``); ``processor`` is transformers' tensor processor for the
+    model (``TENSOR_PROCESSORS``). Only processors that keep each tensor's name are supported (MoE
+    processors merge experts across tensors): :meth:`names` is empty otherwise, so the caller falls back."""
+
+    def __init__(self, path: str | os.PathLike[str], reader, name_map: dict[str, str], processor):
+        self.path = Path(path)
+        self.processor = processor
+        self.by_hf = {hf: t for t in reader.tensors if (hf := name_map.get(t.name)) is not None}
+
+    def names(self) -> set[str]:
+        """Every transformers parameter name the file provides."""
+        return set(self.by_hf)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of ``name`` as transformers holds it (GGUF stores dimensions innermost first)."""
+        return tuple(int(d) for d in reversed(self.by_hf[name].shape))
+
+    def get(self, name: str) -> torch.Tensor:
+        """The tensor ``name`` dequantized to float32, in transformers' layout.
+
+        Raises:
+            KeyError: no such tensor; NotImplementedError: a type the ``gguf`` package cannot dequantize;
+            OSError: a truncated file."""
+        from gguf import dequantize
+
+        t = self.by_hf[name]
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            data = gguf_tensor_bytes(fd, t)
+        finally:
+            os.close(fd)
+        values = dequantize(data, t.tensor_type)
+        values = self.processor.process(np.asarray(values, dtype=np.float32), t.name).weights
+        return torch.from_numpy(np.array(values, dtype=np.float32)).reshape(self.shape(name))
