@@ -14,7 +14,7 @@ import torch
 from conftest import clean_env, run_engine
 from omni_quant.convert import convert
 from omni_quant.packing import unpack
-from omni_quant.quant_math import dequantize, dequantize_int8, sqnr_db
+from omni_quant.quant_math import dequantize, dequantize_int8, dequantize_int8_groups, sqnr_db
 
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=512, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
@@ -62,8 +62,10 @@ def _dequantized_reference(int4: Path, out: Path) -> Path:
             m = name[: -len(".qweight")]
             out_t[f"{m}.weight"] = dequantize(unpack(t), tensors[f"{m}.scales"], tensors[f"{m}.zeros"], torch.bfloat16)
         elif name.endswith(".qweight8"):
-            m = name[: -len(".qweight8")]
-            out_t[f"{m}.weight"] = dequantize_int8(t, tensors[f"{m}.scales8"], torch.bfloat16)
+            m, s = name[: -len(".qweight8")], tensors[f"{name[: -len('.qweight8')]}.scales8"]
+            # a quantized input embedding is 8-bit per group of 32 (scales8 [V, D/32]); a linear layer per row
+            out_t[f"{m}.weight"] = (dequantize_int8_groups(t, s).to(torch.bfloat16) if s.dim() == 2
+                                    else dequantize_int8(t, s, torch.bfloat16))
         elif not name.endswith((".scales", ".zeros", ".scales8")):
             out_t[name] = t
     out.mkdir()
@@ -112,6 +114,11 @@ def test_each_architecture_converts_with_the_defaults_and_matches_its_reference(
     report = json.loads((case["int4"] / "quantization_report.json").read_text())
     assert report["architecture"] == json.loads((case["src"] / "config.json").read_text())["architectures"][0]
     assert sum(r.action == "quantized" for r in case["reports"]) >= 2 * 4, "every decoder layer's linears"
+    qc = json.loads((case["int4"] / "config.json").read_text())["quantization_config"]
+    # the input embedding quantized where vLLM's model builds it with the quant config (the reference holds its
+    # dequantized rows, so the comparison covers the lookup); Gemma's logits are its embedding, GPT-NeoX's
+    # embedding and the Transformers backend's (olmo2, starcoder2) take no quant config: bf16
+    assert ("embedding_modules" in qc) == (model_type not in ("gemma", "gpt_neox", "olmo2", "starcoder2")), qc
     got, want = case["got"], case["want"]
     assert len(got) == len(want) == 2 * (len(PROMPTS[0]) - 1)
     # what differs is the kernels' arithmetic (int8 activations): ~20-40 dB; a wrong layout or mapping gives < 10
@@ -136,9 +143,13 @@ def test_8_bit_layers_of_a_recipe_load_and_match_their_reference(name, converted
     case = converted[name]
     _, recipe = RECIPE_CASES[name]
     qc = json.loads((case["int4"] / "config.json").read_text())["quantization_config"]
-    eight = {r.name.split(" <- ")[0].rsplit(".", 1)[0] for r in case["reports"] if r.bits == 8}
-    four = [r for r in case["reports"] if r.bits == 4]
-    assert qc["format_version"] == 2 and qc["recipe"] == recipe and set(qc["bits_per_module"]) == eight
+    layers = [r for r in case["reports"] if not r.action.startswith("embedding")]
+    eight = {r.name.split(" <- ")[0].rsplit(".", 1)[0] for r in layers if r.bits == 8}
+    four = [r for r in layers if r.bits == 4]
+    embedding = "model.embed_tokens"  # quantized at the recipe's body width (format 4)
+    assert qc["format_version"] == 4 and qc["recipe"] == recipe and qc["embedding_modules"] == [embedding]
+    assert set(qc["bits_per_module"]) - {embedding} == eight
+    assert (qc["bits_per_module"].get(embedding) == 8) == (recipe == "q8")
     if recipe == "q8":
         assert not four and len(eight) == 2 * 7 + 1, "every linear of both layers and the head"
     else:

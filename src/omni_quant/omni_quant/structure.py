@@ -85,10 +85,35 @@ class ModelStructure:
         return out, sorted(set(problems))
 
 
-def _embedding_takes_quant_config(source: str) -> bool:
-    """Whether a ``VocabParallelEmbedding(...)`` call in the model module's ``source`` passes ``quant_config``
-    (vLLM 0.28's ``llama.py`` and ``qwen2.py`` do; a model that does not would build a bf16 table and fail on a
-    quantized checkpoint's tensors)."""
+def _embedding_takes_quant_config(cls) -> bool:
+    """Whether vLLM's model class ``cls`` builds its input embedding with the quantization config: a
+    ``VocabParallelEmbedding(...)`` call passing ``quant_config`` in the module of ``cls`` or of a class it
+    derives from (Mistral and Phi-3 derive from Llama), or, when none of those builds one, in a model module
+    they import (Qwen3's builds a Qwen2 model). vLLM 0.28's ``llama.py``, ``qwen2.py`` and ``granite.py``
+    pass it; a model that does not (GPT-NeoX, the Transformers backend) would build a bf16 table and fail on
+    a quantized checkpoint's tensors, so its embedding stays bf16."""
+    import importlib
+    import inspect
+    import re
+    import sys
+
+    base = "vllm.model_executor.models"
+    modules = list(dict.fromkeys(sys.modules[c.__module__] for c in cls.__mro__
+                                 if c.__module__.startswith(base) and ".interfaces" not in c.__module__))
+    sources = [inspect.getsource(m) for m in modules]
+    if not any("VocabParallelEmbedding(" in src for src in sources):
+        for m, src in zip(modules, list(sources), strict=True):
+            for name in re.findall(rf"^from (\.+\w+|{re.escape(base)}\.\w+) import", src, re.M):
+                try:
+                    imported = importlib.import_module(importlib.util.resolve_name(name, m.__package__))
+                    sources.append(inspect.getsource(imported))
+                except (ImportError, OSError, TypeError, ValueError):
+                    continue
+    return any(_passes_quant_config(src) for src in sources)
+
+
+def _passes_quant_config(source: str) -> bool:
+    """Whether a ``VocabParallelEmbedding(...)`` call in ``source`` names ``quant_config`` among its arguments."""
     start = 0
     while (at := source.find("VocabParallelEmbedding(", start)) >= 0:
         depth, end = 0, at + len("VocabParallelEmbedding")
@@ -124,7 +149,7 @@ def _vllm_architecture(archs: list[str]) -> tuple[str, dict[str, tuple[str, ...]
 
     source = inspect.getsource(sys.modules[cls.__module__])
     head_is_embedding = "assert config.tie_word_embeddings" in source
-    return arch, {k: tuple(v) for k, v in mapping.items()}, head_is_embedding, _embedding_takes_quant_config(source)
+    return arch, {k: tuple(v) for k, v in mapping.items()}, head_is_embedding, _embedding_takes_quant_config(cls)
 
 
 def _vllm_version() -> str:
