@@ -83,7 +83,7 @@ $(LCP_STAMP): $(STAMP)
 bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
 	$(PY) -m harness results plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
 
 # The user-size comparison (issue 10): Qwen2.5-Coder-1.5B, every arm of harness/specs/user_size.json,
@@ -104,7 +104,7 @@ bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B 
 	    --test "$$($(PY) -m harness models path $(QWEN)-int4)" \
 	    --out harness/results/fidelity_$(QWEN)-$(shell date -u +%Y%m%dT%H%M%SZ).json
 	$(PY) -m harness bench --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
 	$(PY) -m harness results plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
 	# llama.cpp's AMX decode: only where the CPU has AMX (elsewhere the user_size arm already runs
 	# llama.cpp with its extra buffer types)

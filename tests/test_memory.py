@@ -114,3 +114,32 @@ def test_the_ledger_of_a_plain_process_names_its_tensors_stacks_and_heap():
     assert a["anon_by_kind"].get("thread_stack", 0) > 0, a["anon_by_kind"]
     assert abs(a["unexplained"]) <= 0.10 * a["rss_anon"], a
     assert a["released"]["returned"] == a["released"]["rss_anon_before"] - a["released"]["rss_anon_after"]
+
+
+def test_pss_counts_a_file_two_processes_map_once(tmp_path):
+    """Two processes reading the same 64 MiB mapped file: RssFile counts it in each, Pss half in each."""
+    data = tmp_path / "weights.bin"
+    data.write_bytes(os.urandom(64 * MiB))
+    script = tmp_path / "share.py"
+    script.write_text(
+        "import mmap, subprocess, sys, time\n"
+        f"f = open({str(data)!r}, 'rb'); m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+        "s = sum(m[i] for i in range(0, len(m), 4096))\n"
+        "if len(sys.argv) < 2:\n"
+        "    c = subprocess.Popen([sys.executable, __file__, 'child'], stdout=subprocess.PIPE, text=True)\n"
+        "    c.stdout.readline()\n"
+        "print('ready', flush=True); time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        tree = tree_memory(p.pid, pss=True)
+        assert len(tree) == 2, tree
+        m = tree_metrics(tree)
+        assert m["rss_file_tree_mb"] >= 120, "each process counts the whole file in its RssFile"
+        assert m["pss_tree_mb"] <= m["rss_total_tree_mb"] - 50, m
+        assert tree_metrics(tree_memory(p.pid)).get("pss_tree_mb") is None, "Pss only when asked"
+    finally:
+        for c in __import__("psutil").Process(p.pid).children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()

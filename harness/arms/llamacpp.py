@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
         llm.eval([nxt])
     tg_s = time.perf_counter() - t
-    tree = tree_memory(os.getpid())
+    tree = tree_memory(os.getpid(), pss=True)
     size, sha = checkpoint_fingerprint(path)
     from importlib.metadata import version
 

@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if generated != args.gen_len:
         print(f"run_openvino: generated {generated} tokens, asked for {args.gen_len}", file=sys.stderr)
         return 1
-    tree = tree_memory(os.getpid())
+    tree = tree_memory(os.getpid(), pss=True)
     size, sha = checkpoint_fingerprint(path)
     from importlib.metadata import version
 

@@ -92,7 +92,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         wait_healthy(proc, base + "/health", args.server_timeout, log)
         first, _ = _stream(base, {**greedy, "prompt": prompt(8, 99), "max_tokens": 4})
         start_s = first[0] - launched
-        tree_ready = tree_memory(proc.pid)
+        tree_ready = tree_memory(proc.pid, pss=True)
         peak.stop()
         t = time.perf_counter()
         out = _post(base, {**greedy, "prompt": prompt(args.prompt_len, 1), "max_tokens": 1})

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     llm.generate([TokensPrompt(prompt_token_ids=_prompt(8, 98))],
                  SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
     start_s = start.seconds_since_launch()
-    tree_ready = tree_memory(os.getpid())
+    tree_ready = tree_memory(os.getpid(), pss=True)
     peak.stop()
 
     def timed(prompts, max_tokens):

@@ -91,6 +91,9 @@ _ALL = [
            "sum of RssFile over the process tree (resident pages of mapped files: mmap'd weights)", _LEDGER),
     Metric("rss_total_tree_mb", Direction.LOWER, "MiB", 2.0, True,
            "sum of RssAnon + RssFile + RssShmem over the process tree (what the processes hold resident)", _LEDGER),
+    Metric("pss_tree_mb", Direction.LOWER, "MiB", 2.0, True,
+           "sum of Pss over the process tree at ready: every resident page counted once across the tree "
+           "(shared mapped weights, pages shared since a fork)", _LEDGER),
     Metric("peak_anon_tree_mb", Direction.LOWER, "MiB", 3.0, True,
            "largest sampled sum of RssAnon over the process tree from launch to the first token "
            "(harness/memory/peak.py: a lower bound, 50 ms samples)", _LEDGER),

@@ -215,15 +215,24 @@ def _package_of(filename: str) -> str:
     return filename if filename.startswith("<") else "other"
 
 
+TRACE_FRAMES = 32
+"""Frames ``tracemalloc`` keeps per allocation: enough to get past importlib to the importing module."""
+
+
 def python_heap_by_package(limit: int = 15) -> dict[str, int]:
-    """Bytes of live Python allocations by the package whose code made them (``tracemalloc``, grouped by
-    the innermost frame's file), largest first; needs ``tracemalloc`` started before the imports
-    (``python -m harness ledger --tracemalloc``). Module code, functions and class dicts count against
-    the module that defined them (its import executed them)."""
+    """Bytes of live Python allocations by the package whose code made them, largest first.
+
+    ``tracemalloc`` (started with :data:`TRACE_FRAMES` frames before the imports: ``python -m harness
+    ledger --tracemalloc``) groups by traceback; each allocation counts against the innermost frame
+    outside importlib's frozen modules, so a module's code objects, unmarshalled by importlib, count
+    against the package whose ``import`` statement loaded it (for a package's own submodules: itself).
+    ``(total traced)`` is the sum."""
     snap = tracemalloc.take_snapshot()
     by: dict[str, int] = {}
-    for st in snap.statistics("filename"):
-        pkg = _package_of(st.traceback[0].filename)
+    for st in snap.statistics("traceback"):
+        frames = [f.filename for f in st.traceback]  # innermost first
+        own = next((f for f in frames if not f.startswith("<frozen")), frames[0])
+        pkg = _package_of(own)
         by[pkg] = by.get(pkg, 0) + st.size
     by["(total traced)"] = sum(by.values())
     return dict(sorted(by.items(), key=lambda kv: -kv[1])[:limit + 1])
@@ -292,47 +301,45 @@ ITEMS_NAMED = {
 
 
 def _server(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """``omni-vllm serve`` with :class:`LedgerExtension`: the engine core's worker through the dev
-    endpoint, the other processes of the tree from outside."""
+    """``omni-vllm serve`` with the ledger in its front end (:mod:`harness.memory.frontend`) and in its
+    engine core's worker (:class:`LedgerExtension`); the tree's other processes from outside."""
     import subprocess
-    import urllib.request
-    from pathlib import Path
+    import tempfile
 
     from harness import REPO
-    from harness.memory.tree import tree_memory
     from harness.models.recipe import EngineRecipe
-    from harness.server_process import free_port, stop_group, wait_healthy
+    from harness.server_process import free_port, stop_group
 
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
-           "--worker-extension-cls", "harness.memory.ledger.LedgerExtension",
+    out = tempfile.mktemp(prefix="omni-ledger-", suffix=".json")
+    cmd = [sys.executable, "-m", "harness.memory.frontend", out, str(port), *(["--release"] if args.release else []),
+           "--", "serve", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),
+           "--disable-log-stats", "--worker-extension-cls", "harness.memory.ledger.LedgerExtension",
            *EngineRecipe.from_args(model, args, max_num_seqs=4).serve_args()]
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     log = REPO / ".cache" / f"ledger-server-{os.getpid()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=REPO)
     try:
-        wait_healthy(proc, base + "/health", 1800, log)
-        hello = json.dumps({"model": "m", "prompt": "Hello", "max_tokens": 4}).encode()
-        req = urllib.request.Request(base + "/v1/completions", method="POST",
-                                     headers={"Content-Type": "application/json"}, data=hello)
-        urllib.request.urlopen(req, timeout=600).read()
-        body = {"method": "omni_ledger", "kwargs": {"release": "1" if args.release else ""}}
-        req = urllib.request.Request(base + "/collective_rpc", method="POST", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        workers = json.loads(urllib.request.urlopen(req, timeout=600).read())["results"]
-        worker_pids = {w["pid"] for w in workers}
-        out = [{**w, "role": "EngineCore (worker)"} for w in workers]
-        for p in tree_memory(proc.pid):
-            if p.pid not in worker_pids:
-                out.append({**outside(p.pid), "role": p.role})
-        return out
+        t0 = time.monotonic()
+        while not os.path.exists(out):
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({proc.returncode}) before its ledger; see {log}")
+            if time.monotonic() - t0 > 1900:
+                raise TimeoutError(f"no ledger from the server within 1900 s; see {log}")
+            time.sleep(2)
     finally:
         stop_group(proc)
+    with open(out) as f:
+        result = json.load(f)
+    os.unlink(out)
+    if "error" in result:
+        raise RuntimeError(f"the server's ledger failed:\n{result['error']}")
+    return ([{**result["front_end"], "role": "front end (API server)"}]
+            + [{**w, "role": "engine core + worker"} for w in result["workers"]]
+            + [{**o, "role": f"{o['role']} (read from outside)"} for o in result["others"]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,13 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--release", action="store_true",
                     help="after the ledger, ask the mallocs to return free memory and report what came back")
     ap.add_argument("--tracemalloc", action="store_true",
-                    help="llm layout: trace Python allocations from before vLLM's import and attribute the Python "
-                         "heap by package (slows start-up about 2x)")
+                    help="trace Python allocations from before vLLM's import and attribute the Python heap by "
+                         "package (the server layout: its front end; slows start-up about 2x)")
     ap.add_argument("--out", default=None, help="also write every process's ledger as a JSON artifact here")
     provenance.add_allow_dirty(ap)
     args = ap.parse_args(argv)
     if args.tracemalloc:
-        tracemalloc.start()
+        if args.layout == "server":
+            os.environ["OMNI_LEDGER_TRACEMALLOC"] = "1"
+        else:
+            tracemalloc.start(TRACE_FRAMES)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from harness.models.registry import MODELS, fetch
 

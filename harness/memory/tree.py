@@ -15,7 +15,8 @@ import psutil
 
 from omni_platform.procfs import status_bytes
 
-__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "rss_anon_bytes", "tree_memory", "tree_metrics"]
+__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "pss_bytes", "rss_anon_bytes", "tree_memory",
+           "tree_metrics"]
 
 
 class MemoryReadError(RuntimeError):
@@ -26,7 +27,9 @@ class MemoryReadError(RuntimeError):
 class ProcessMemory:
     """One process: ``pid``, ``role`` (from its title or name), and in bytes ``rss_anon`` (private
     anonymous pages: what it allocated), ``vm_rss``, ``rss_file`` (resident pages of mapped files: an
-    mmap'd checkpoint) and ``rss_shmem`` (shared memory), all from ``/proc/PID/status``."""
+    mmap'd checkpoint) and ``rss_shmem`` (shared memory), all from ``/proc/PID/status``; ``pss`` (its
+    proportional share of every resident page: a page N processes map counts 1/N in each), from
+    ``/proc/PID/smaps_rollup``, when asked for."""
 
     pid: int
     ppid: int
@@ -35,6 +38,7 @@ class ProcessMemory:
     vm_rss: int
     rss_file: int = 0
     rss_shmem: int = 0
+    pss: int | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,8 +69,22 @@ def _role(p: psutil.Process, root_pid: int) -> str:
     return p.name()
 
 
-def tree_memory(root_pid: int) -> list[ProcessMemory]:
-    """RssAnon, VmRSS, RssFile and RssShmem of ``root_pid`` and all its descendants.
+def pss_bytes(pid: int) -> int:
+    """``Pss`` of ``pid`` in bytes, from ``/proc/PID/smaps_rollup`` (Linux 4.14+).
+
+    Raises:
+        OSError: the process is gone or the file unreadable.
+        KeyError: the file has no ``Pss:`` line.
+    """
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise KeyError(f"/proc/{pid}/smaps_rollup has no Pss line")
+
+
+def tree_memory(root_pid: int, pss: bool = False) -> list[ProcessMemory]:
+    """RssAnon, VmRSS, RssFile and RssShmem of ``root_pid`` and all its descendants (and ``pss`` with
+    ``pss=True``: the kernel walks every page table for it, too slow for a sampler).
 
     A process that exits between the listing and the read, or is a zombie, is left out (it holds
     no memory any more); one that is there but cannot be read is an error, not a smaller sum.
@@ -87,7 +105,7 @@ def tree_memory(root_pid: int) -> list[ProcessMemory]:
                 continue  # exited, not yet reaped: it holds no memory, and its status has no Rss lines
             out.append(ProcessMemory(p.pid, p.ppid(), _role(p, root_pid), rss_anon_bytes(p.pid),
                                      status_bytes("VmRSS", p.pid), status_bytes("RssFile", p.pid),
-                                     status_bytes("RssShmem", p.pid)))
+                                     status_bytes("RssShmem", p.pid), pss_bytes(p.pid) if pss else None))
         except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
             continue  # gone
         except (psutil.Error, OSError, KeyError) as exc:
@@ -100,13 +118,18 @@ def tree_metrics(tree: list[ProcessMemory]) -> dict[str, float]:
     """The tree's memory as metrics, MiB: ``rss_anon_tree_mb`` (what the processes allocated),
     ``rss_file_tree_mb`` (resident pages of the files they map: llama.cpp's and OpenVINO's weights
     live here) and ``rss_total_tree_mb`` (anonymous + file + shared: what a user's ``free`` sees them
-    hold). File pages two processes share are counted once per process (an upper bound for a tree)."""
+    hold). File pages two processes share are counted once per process (an upper bound for a tree);
+    ``pss_tree_mb`` (when every process has ``pss``) counts each page once across the tree: what the tree
+    costs the machine (mapped weights two processes share, pages a fork shares until written)."""
     mib = float(1 << 20)
     anon = sum(p.rss_anon for p in tree)
     file = sum(p.rss_file for p in tree)
     shmem = sum(p.rss_shmem for p in tree)
-    return {"rss_anon_tree_mb": anon / mib, "rss_file_tree_mb": file / mib,
-            "rss_total_tree_mb": (anon + file + shmem) / mib}
+    out = {"rss_anon_tree_mb": anon / mib, "rss_file_tree_mb": file / mib,
+           "rss_total_tree_mb": (anon + file + shmem) / mib}
+    if tree and all(p.pss is not None for p in tree):
+        out["pss_tree_mb"] = sum(p.pss for p in tree) / mib
+    return out
 
 
 def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
