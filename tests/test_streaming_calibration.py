@@ -170,3 +170,30 @@ def test_smollm2_converted_with_layerwise_calibration_serves_like_bf16(tmp_path,
     bf16, int4 = run_engine(config, clean_env(VLLM_PLUGINS="omni"))["runs"]
     same_first = sum(a[0] == b[0] for a, b in zip(bf16["token_ids"], int4["token_ids"], strict=True))
     assert same_first >= 6, (same_first, bf16["texts"], int4["texts"])
+
+
+def test_sqnr_by_rows_equals_one_float64_sum(monkeypatch):
+    """The converter's SQNR is summed a few rows at a time (a 7B head in float64 would be 4.4 GB); the value
+    is the one a single float64 sum gives, across chunk boundaries and with the approximation made per chunk."""
+    from omni_quant import quant_math
+    from omni_quant.quant_math import dequantize, quantize, sqnr_db, sqnr_db_rows
+
+    monkeypatch.setattr(quant_math, "SQNR_CHUNK_ELEMENTS", 3 * 64 + 5)  # 3 rows a chunk, 37 rows: a short last one
+    w = torch.randn(37, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    q, s, z = quantize(w, 32)
+    approx = dequantize(q, s, z, torch.float32)
+    ref = w.double()
+    want = 10 * torch.log10(ref.pow(2).sum() / (ref - approx.double()).pow(2).sum()).item()
+    asked = []
+
+    def rows(a, b):
+        asked.append((a, b))
+        return dequantize(q[a:b], s[a:b], z[a:b], torch.float32)
+
+    assert sqnr_db_rows(w, rows) == pytest.approx(want, rel=1e-12)
+    assert asked[0] == (0, 3) and asked[-1] == (36, 39) and len(asked) == 13
+    assert sqnr_db(w, approx) == pytest.approx(want, rel=1e-12)
+    assert sqnr_db(w, w) == float("inf")
+    nan = approx.clone()
+    nan[20, 3] = float("nan")
+    assert sqnr_db(w, nan) != sqnr_db(w, nan)  # NaN in any chunk is NaN

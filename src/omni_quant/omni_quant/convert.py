@@ -51,6 +51,7 @@ from omni_quant.quant_math import (
     quantize,
     quantize_int8,
     sqnr_db,
+    sqnr_db_rows,
 )
 from omni_quant.recipes import DEFAULT_RECIPE, Recipe, recipe_named
 from omni_quant.structure import ModelStructure, StructureError, model_structure
@@ -221,7 +222,7 @@ def write_quantized(writer: ShardWriter, module: str, w: torch.Tensor, group_siz
     """Quantize the float weight ``w`` ``[N, K]`` at ``group_size`` (each input channel's error weighted
     by ``importance`` ``[K]`` when given) and write it; return (SQNR dB, bytes)."""
     q, s, z = quantize(w, group_size, torch.bfloat16, importance=importance)
-    db = sqnr_db(w, dequantize(q, s, z, torch.float32))
+    db = sqnr_db_rows(w, lambda a, b: dequantize(q[a:b], s[a:b], z[a:b], torch.float32))  # no float copy of w
     return db, write_codes(writer, module, q, s, z)
 
 
@@ -246,7 +247,7 @@ def write_quantized_super_blocks(writer: ShardWriter, module: str, w: torch.Tens
     Raises:
         ValueError: from the fit (NaN/inf, a range beyond float16 steps)."""
     parts = super_blocks.quantize(w, importance)
-    db = sqnr_db(w, super_blocks.dequantize(*parts))
+    db = sqnr_db_rows(w, lambda a, b: super_blocks.dequantize(*(p[a:b] for p in parts)))
     return db, write_super_blocks(writer, module, *parts)
 
 
@@ -256,7 +257,7 @@ def write_int8(writer: ShardWriter, module: str, w: torch.Tensor) -> tuple[float
     q, s = quantize_int8(w)
     writer.add(f"{module}.qweight8", q)
     writer.add(f"{module}.scales8", s)
-    return sqnr_db(w, dequantize_int8(q, s)), q.numel() + s.numel() * 2
+    return sqnr_db_rows(w, lambda a, b: dequantize_int8(q[a:b], s[a:b])), q.numel() + s.numel() * 2
 
 
 def cpu_int4_config(group_size: int, keep: list[str], per_module: dict[str, int], structure,

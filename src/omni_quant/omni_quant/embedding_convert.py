@@ -38,6 +38,7 @@ from omni_quant.quant_math import (
     quantize,
     quantize_int8_groups,
     sqnr_db,
+    sqnr_db_rows,
 )
 
 __all__ = ["KEEP_NAMES", "Written", "config_fields", "from_float", "from_gguf", "why_kept"]
@@ -100,7 +101,7 @@ def _write(writer, module: str, scheme: str, parts: tuple[torch.Tensor, ...]) ->
 
 def _int8(writer, module: str, w: torch.Tensor, action: str) -> Written:
     q, d = quantize_int8_groups(w)
-    db = sqnr_db(w.float(), dequantize_int8_groups(q, d))
+    db = sqnr_db_rows(w, lambda a, b: dequantize_int8_groups(q[a:b], d[a:b]))  # no float copy of the table
     return Written(module, "int8", INT8_GROUP, 8, action, round(db, 2), _write(writer, module, "int8", (q, d)))
 
 
@@ -159,7 +160,7 @@ def from_float(writer, module: str, w: torch.Tensor, bits: int, in_super_blocks:
         return _int8(writer, module, w, "embedding quantized to 8 bits") if d % INT8_GROUP == 0 else None
     if in_super_blocks and super_blocks.fits(d):
         parts = super_blocks.quantize(w)
-        db = sqnr_db(w.float(), super_blocks.dequantize(*parts))
+        db = sqnr_db_rows(w, lambda a, b: super_blocks.dequantize(*(p[a:b] for p in parts)))
         return Written(module, "super_blocks", super_blocks.SUB_BLOCK, 4, "embedding quantized in super-blocks",
                        round(db, 2), _write(writer, module, "super_blocks", parts))
     try:
@@ -167,7 +168,7 @@ def from_float(writer, module: str, w: torch.Tensor, bits: int, in_super_blocks:
     except GroupSizeError:
         return None
     q, s, z = quantize(w, g, torch.bfloat16)
-    db = sqnr_db(w.float(), dequantize(q, s, z, torch.float32))
+    db = sqnr_db_rows(w, lambda a, b: dequantize(q[a:b], s[a:b], z[a:b], torch.float32))
     return Written(module, "groups", g, 4, "embedding quantized", round(db, 2), _write(writer, module, "groups",
                                                                                         (q, s, z)))
 

@@ -35,6 +35,7 @@ import torch
 
 from omni_quant import embedding_convert, super_blocks
 from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, stored_values_finite, to_cpu_int4
+from omni_quant.tensor_sources import release_mapped_pages
 
 __all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
 
@@ -209,6 +210,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
     reader = _reader(path)
     unchecked = set()  # tensors of a type whose stored bytes say nothing; checked once dequantized
     for t in reader.tensors:  # first: calibration would blame the layer where a NaN first shows
+        release_mapped_pages(reader)  # the file's pages read so far leave the resident set (tensor_sources)
         finite = stored_values_finite(np.asarray(t.data), t.tensor_type.name)
         if finite is False:
             raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) holds NaN or infinite "
@@ -234,6 +236,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
         emb_weight = f"{structure.input_embedding}.weight" if structure.input_embedding else None
         embedding = None
         for t in reader.tensors:
+            release_mapped_pages(reader)  # the previous tensor's file pages leave the resident set
             hf = name_map.get(t.name)
             if hf is None:
                 raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) has no counterpart in "

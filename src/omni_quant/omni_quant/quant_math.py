@@ -32,6 +32,7 @@ __all__ = [
     "quantize_int8_groups",
     "reference_linear",
     "sqnr_db",
+    "sqnr_db_rows",
 ]
 
 ROW_BLOCK = 4096
@@ -266,14 +267,38 @@ def reference_linear(x: torch.Tensor, q, scales, zeros, bias: torch.Tensor | Non
     return y.to(x.dtype)
 
 
+SQNR_CHUNK_ELEMENTS = 1 << 22
+""":func:`sqnr_db_rows` sums this many elements at a time (32 MiB of float64)."""
+
+
 def sqnr_db(reference: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio, dB: 10 log10(sum ref^2 / sum (ref - approx)^2), summed in float64.
 
     ``inf`` when the two are equal, ``-inf`` for an all-zero reference that differs, NaN when either
-    holds NaN (a kernel's NaN output fails any ``sqnr >= floor`` check)."""
+    holds NaN (a kernel's NaN output fails any ``sqnr >= floor`` check). Tensors of the same shape are
+    summed a few rows at a time (:func:`sqnr_db_rows`): no float64 copy of the whole tensor."""
+    if reference.dim() and reference.shape == approx.shape:
+        return sqnr_db_rows(reference, lambda a, b: approx[a:b])
     ref = reference.double()  # float64 sums: squares of float32 values near 1e20 and above overflow float32
-    noise = (ref - approx.double()).pow(2).sum().item()
-    signal = ref.pow(2).sum().item()
+    return _db(ref.pow(2).sum().item(), (ref - approx.double()).pow(2).sum().item())
+
+
+def sqnr_db_rows(reference: torch.Tensor, approx_rows) -> float:
+    """:func:`sqnr_db` of ``reference`` ``[N, ...]`` against an approximation made a few rows at a time:
+    ``approx_rows(a, b)`` returns rows ``a:b`` of it (e.g. dequantized from codes on demand), so neither
+    the approximation nor a float64 copy of either ever exists whole (a 7B model's output head is 545M
+    weights: 4.4 GB in float64)."""
+    n = reference.shape[0]
+    step = max(1, SQNR_CHUNK_ELEMENTS // max(1, reference[0].numel())) if n else 1
+    signal = noise = 0.0
+    for a in range(0, n, step):
+        ref = reference[a:a + step].double()  # float64: squares of values near 1e20 overflow float32
+        signal += ref.pow(2).sum().item()
+        noise += (ref - approx_rows(a, a + step).double()).pow(2).sum().item()
+    return _db(signal, noise)
+
+
+def _db(signal: float, noise: float) -> float:
     if math.isnan(noise) or math.isnan(signal):
         return float("nan")  # callers compare against a floor: NaN fails every comparison
     if noise == 0:
