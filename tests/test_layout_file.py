@@ -80,21 +80,21 @@ def test_truncated_appended_damaged_and_foreign_files_are_refused_not_crashed_on
     path = tmp_path / "x.layout"
     layout_file.write_layout(path, KEY, _layers())
     good = path.read_bytes()
-    cases = {
-        "truncated": good[: len(good) // 2],
-        "cut short": good[:20],
-        "appended": good + b"\0" * 4096,
-        "header byte": good[:40] + bytes([good[40] ^ 0x20]) + good[41:],
-        "trailer": good[:-1] + bytes([good[-1] ^ 1]),
-        "foreign": b"PK\x03\x04" + b"\0" * 5000,
-        "empty": b"",
-        "huge header length": good[:8] + struct.pack("<Q", 1 << 60) + good[16:],
+    cases = {  # what is done to the file -> what the refusal says
+        "truncated": (good[: len(good) // 2], "truncated"),
+        "cut short": (good[:20], "not an omni layout file"),
+        "appended": (good + b"\0" * 4096, "appended to"),
+        "header byte": (good[:40] + bytes([good[40] ^ 0x20]) + good[41:], "damaged"),
+        "trailer": (good[:-1] + bytes([good[-1] ^ 1]), "does not match the checksum"),
+        "foreign": (b"PK\x03\x04" + b"\0" * 5000, "not an omni layout file"),
+        "empty": (b"", "not an omni layout file"),
+        "huge header length": (good[:8] + struct.pack("<Q", 1 << 60) + good[16:], "truncated"),
     }
-    for what, data in cases.items():
+    for what, (data, says) in cases.items():
         path.write_bytes(data)
         with pytest.raises(LayoutRefused) as info:
             layout_file.open_layout(path, KEY)
-        assert str(info.value), what
+        assert says in str(info.value), (what, str(info.value))
     with pytest.raises(FileNotFoundError):
         layout_file.open_layout(tmp_path / "absent.layout", KEY)
 

@@ -30,7 +30,7 @@ import torch
 
 from omni_platform import envs
 
-__all__ = ["ARENA_BYTES", "HUGE_PAGE_BYTES", "MIN_BYTES", "place", "thp_mode"]
+__all__ = ["ARENA_BYTES", "HUGE_PAGE_BYTES", "MIN_BYTES", "place", "retire_arena", "thp_mode"]
 
 logger = logging.getLogger("vllm.omni_quant")
 
@@ -90,6 +90,16 @@ class _Arena:
 
 _arena = _Arena()
 _logged = False
+
+
+def retire_arena() -> None:
+    """Stop placing into the current arena: the next :func:`place` maps a fresh one, and the current one is
+    unmapped as soon as the tensors placed in it are freed (the arena itself no longer holds it).
+    :mod:`omni_quant.layout_cache` calls it after moving the repacked layers onto their layout file, so that
+    the copies' memory goes back to the system instead of staying resident in the last arena."""
+    with _arena._lock:
+        _arena._buf = None
+        _arena._used = 0
 
 
 def place(t: torch.Tensor) -> torch.Tensor:

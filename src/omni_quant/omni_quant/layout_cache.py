@@ -53,7 +53,7 @@ from typing import Any
 import torch
 
 from omni_platform import envs
-from omni_quant import layout_file, native
+from omni_quant import huge_pages, layout_file, native
 from omni_quant.layout_file import LayerEntry, LayoutRefused, MappedLayout
 
 __all__ = ["DIR_NAME", "LAYOUT_PARAMS", "adopt", "checkpoint_digest", "finish", "layout_key", "report",
@@ -335,13 +335,15 @@ def _write(s: _Session) -> None:
         except (OSError, ValueError) as exc:
             errors.append(f"{path.parent}: {exc}")
             continue
-        for prefix, layer in layers.items():
-            if prefix in s.repacked:
-                for name, t in mapped.layers[prefix].tensors.items():
-                    layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
-                layer.cpu_int4_mapped = True
-        logger.info("omni-quant: cpu_int4 layers written to %s (%s; %d layers, %.1f MiB) and mapped from it; "
-                    "later starts map it without repacking", path, s.reason, len(entries), mapped.nbytes / 2**20)
+        for prefix, layer in layers.items():  # adopted ones too: the old file may be gone (replaced)
+            for name, t in mapped.layers[prefix].tensors.items():
+                layer.register_parameter(name, torch.nn.Parameter(t, requires_grad=False))
+            layer.cpu_int4_mapped = True
+        huge_pages.retire_arena()  # the copies' arena is unmapped once they are freed (now)
+        where = f"; not writable: {'; '.join(errors)}" if errors else ""
+        logger.info("omni-quant: cpu_int4 layers written to %s (%s%s; %d layers, %.1f MiB) and mapped from it; "
+                    "later starts map it without repacking", path, s.reason, where, len(entries),
+                    mapped.nbytes / 2**20)
         _events.append({"state": "written", "path": str(path), "layers": len(entries)})
         return
     why = "; ".join(errors)

@@ -140,6 +140,18 @@ def remove_stale_temps(directory: Path) -> None:
             pass
 
 
+def _umask() -> int:
+    """This process's umask, from ``/proc/self/status`` (setting it to read it would race other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
 def write_layout(path: Path, key: dict[str, Any], layers: dict[str, LayerEntry]) -> MappedLayout:
     """Write ``layers`` under ``key`` to ``path`` atomically and return it mapped read-only.
 
@@ -158,6 +170,7 @@ def write_layout(path: Path, key: dict[str, Any], layers: dict[str, LayerEntry])
     remove_stale_temps(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}{TEMP_MARK}{os.getpid()}-")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # as any file the user writes (mkstemp makes 0600): other users map it
         with os.fdopen(fd, "wb", closefd=False) as f:
             f.write(MAGIC + struct.pack("<Q", len(header)) + header)
             meta = json.loads(header)["layers"]
@@ -210,15 +223,16 @@ def open_layout(path: Path, key: dict[str, Any]) -> MappedLayout:
         length = _parse(head, size)["length"]
         header = os.pread(fd, length, 16)
         trailer = os.pread(fd, TRAILER_BYTES, size - TRAILER_BYTES)
-        if trailer[:8] != TRAILER_MAGIC or trailer[8:] != hashlib.sha256(header).digest():
-            raise LayoutRefused("damaged: its header does not match the checksum at its end (an interrupted copy?)")
         try:
             meta = json.loads(header)
             total, found = int(meta["total_bytes"]), meta["key"]
         except (ValueError, KeyError, TypeError) as exc:
-            raise LayoutRefused(f"damaged header ({exc})") from None
-        if total != size:
-            raise LayoutRefused(f"{size} bytes where its header says {total} (truncated or appended to)")
+            raise LayoutRefused(f"damaged header ({type(exc).__name__}: {exc})") from None
+        if total != size:  # the size first: a truncated file's last bytes are not its checksum
+            raise LayoutRefused(f"{'truncated' if size < total else 'appended to'}: {size} bytes where its header "
+                                f"says {total}")
+        if trailer[:8] != TRAILER_MAGIC or trailer[8:] != hashlib.sha256(header).digest():
+            raise LayoutRefused("damaged: its header does not match the checksum at its end")
         if found != key:
             diff = sorted(k for k in set(found) | set(key) if found.get(k) != key.get(k))
             raise LayoutRefused("made for another " + ", ".join(
