@@ -105,6 +105,14 @@ SETTINGS: dict[str, Setting] = {
             "parent dies, SIGKILL included (omni_platform.lifeline); 0 leaves them to vLLM.",
         ),
         Setting(
+            "OMNI_MALLOC_MMAP_THRESHOLD",
+            _nonneg_int,
+            1 << 20,
+            "Bytes: glibc malloc serves allocations of this size or more with their own mmap, returned "
+            "to the OS at free, in every omni process (omni_platform.malloc_tuning); 0 keeps glibc's "
+            "dynamic threshold, under which freed temporaries up to 32 MiB stay resident.",
+        ),
+        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _nonneg_int,
             None,
