@@ -345,9 +345,10 @@ def _server(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness ledger", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--layout", choices=("llm", "server"), default="llm",
+    ap.add_argument("--layout", choices=("llm", "server", "import"), default="llm",
                     help="llm: vllm.LLM in omni's one-process layout (this process); server: omni-vllm serve "
-                         "(front end + engine core)")
+                         "(front end + engine core); import: only `import vllm.entrypoints.openai.api_server` "
+                         "(what the server's front end holds before any model)")
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--max-model-len", type=int, default=1024)
@@ -371,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
     prov, labels = provenance.begin_or_exit(args.out, "ledger", checkpoints=(model,), allow_dirty=args.allow_dirty)
     if args.layout == "server":
         processes = _server(model, args)
+    elif args.layout == "import":
+        import vllm.entrypoints.openai.api_server  # noqa: F401 - the measured import
+
+        processes = [{**account(release=args.release), "role": f"import only ({len(sys.modules)} modules)"}]
     else:
         from vllm import LLM, SamplingParams
 
