@@ -43,7 +43,8 @@ def artifact(real_model, tmp_path_factory):
     # the cores must not fail the suite; the guard's refusal has its own test (test_harness_grid.py)
     proc = subprocess.run(
         [sys.executable, "-m", "harness", "bench", "--spec", str(tmp / "spec.json"), "--passes", "1",
-         "--metric", "tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,start_cold_s", "--cores", cores, "--out", str(out),
+         "--metric", "tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,pss_tree_mb,peak_anon_tree_mb,"
+         "peak_total_tree_mb,start_cold_s", "--cores", cores, "--out", str(out),
          "--timeout", "900", "--allow-busy"],
         env=clean_env(), capture_output=True, text=True, timeout=3000, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -106,6 +107,19 @@ def test_c07_memory_is_the_whole_process_tree(artifact):
         assert all(p["pid"] > 0 and p["role"] for p in procs)
         total = sum(p["rss_anon"] for p in procs)
         assert total >= 0.9 * weight_bytes, (r["tag"], total, weight_bytes)
+
+
+def test_memory_as_a_user_feels_it_for_every_arm(artifact):
+    """Issue 31: every arm, llama.cpp included, reports its file pages, its Pss and its start-up peak; llama.cpp's
+    weights are file pages of its mmap (the GGUF is 98 MB), not anonymous memory."""
+    art, _, _ = artifact
+    for r in art["runs"]:
+        m = r["metrics"]
+        assert m["rss_file_tree_mb"] > 0 and m["pss_tree_mb"] > 0, (r["tag"], m)
+        assert m["peak_anon_tree_mb"] >= 0.95 * m["rss_anon_tree_mb"], (r["tag"], m)
+        assert m["peak_total_tree_mb"] >= m["peak_anon_tree_mb"], (r["tag"], m)
+        if r["tag"].startswith("llamacpp"):
+            assert m["rss_file_tree_mb"] >= 90, "the mapped GGUF's pages"
 
 
 def test_plot_of_the_artifact(artifact):
