@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             "start_peak": peak.hwm(),
             "measured_differently": {
                 "rss_anon_tree_mb": "RssAnon of one process; llama.cpp mmaps the GGUF, so its weights are file "
-                                    "pages, not counted (vLLM copies them into anonymous memory)",
+                                    "pages, in rss_file_tree_mb (compare rss_total_tree_mb and pss_tree_mb)",
                 "pp_tps": "one llama_eval of the prompt batch (llama-bench's pp), not a request through a scheduler",
                 start.metric_name(cold): "launch to first token like every arm; llama.cpp keeps no cache, so cold "
                                          "is its first start in the run (harness/arms/start.py)",

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         "provenance": {
             "start_peak": peak.hwm(),
             "measured_differently": {
-                "rss_anon_tree_mb": "RssAnon of one process; OpenVINO mmaps the IR's weights, file pages not counted",
+                "rss_anon_tree_mb": "RssAnon of one process; OpenVINO mmaps the IR's weights: file pages, in "
+                                    "rss_file_tree_mb (compare rss_total_tree_mb and pss_tree_mb)",
                 "pp_tps": "prompt_len / OpenVINO GenAI's time to first token",
             },
             "platform": f"OpenVINO GenAI {version('openvino-genai')} (openvino {version('openvino')})",
