@@ -141,9 +141,12 @@ def account(model: Any = None, kv_caches: Any = (), release: bool = False) -> di
     rss_anon = status_bytes("RssAnon")
     groups: dict[str, dict[str, int]] = {}
     tensor_anon = tensor_file = malloc_tensors = 0
+    covered: dict[int, int] = {}  # mapping start -> resident tensor bytes in it
     for ptr, e in seen.items():
         e["resident"] = resident_bytes(ptr, e["bytes"])
         m = _mapping_of(maps, ptr)
+        if m is not None:
+            covered[m.start] = covered.get(m.start, 0) + e["resident"]
         e["on_file"] = m is not None and m.kind == "file"
         if e["on_file"]:
             tensor_file += e["resident"]
@@ -175,6 +178,8 @@ def account(model: Any = None, kv_caches: Any = (), release: bool = False) -> di
         "allocator_free": free_held,
     }
     largest = sorted(seen.values(), key=lambda e: -e["bytes"])[:10]
+    bare = sorted(((m.anonymous - covered.get(m.start, 0), m) for m in maps if m.kind in ("anon", "heap")),
+                  key=lambda um: -um[0])[:10]
     out = {
         "pid": os.getpid(),
         "rss_anon": rss_anon,
@@ -187,6 +192,9 @@ def account(model: Any = None, kv_caches: Any = (), release: bool = False) -> di
         "pymalloc": py,
         "anon_by_kind": by_kind,
         "file_anon_largest": dict(sorted(files.items(), key=lambda kv: -kv[1])[:8]),
+        # the anonymous mappings with the most resident bytes no live tensor accounts for
+        "anon_mappings_without_tensors": [{"start": hex(m.start), "size": m.size, "anonymous": m.anonymous,
+                                           "not_tensors": u, "kind": m.kind} for u, m in bare],
         "groups": groups,
         "largest": [{"names": e["names"][:3], "bytes": e["bytes"], "resident": e["resident"], "dtype": e["dtype"],
                      "group": e["group"], "on_file": e["on_file"]} for e in largest],
@@ -284,6 +292,9 @@ def _print(role: str, w: dict[str, Any]) -> None:
         print(f"    written pages of {name}: {v / MiB:.1f} MiB")
     for k, v in sorted(w["anon_by_kind"].items(), key=lambda kv: -kv[1]):
         print(f"    smaps {KINDS_NAMED.get(k, k):66s} {v / MiB:9.1f} MiB")
+    for b in w.get("anon_mappings_without_tensors", [])[:5]:
+        print(f"    mapping {b['start']} ({b['kind']}, {b['size'] / MiB:.1f} MiB): {b['not_tensors'] / MiB:.1f} MiB "
+              "resident that no live tensor accounts for")
     for name, v in w.get("python_heap_by_package", {}).items():
         print(f"    Python heap of {name}: {v / MiB:.1f} MiB")
     if "released" in w:
