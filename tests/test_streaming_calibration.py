@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_architectures import ARCHS, SMALL
 from test_convert import write_checkpoint
 
 from conftest import clean_env, run_engine
@@ -27,8 +28,11 @@ def _with_tokenizer(ckpt: Path, real_model: Path) -> Path:
 
 def _reference(src: Path, gguf_file: str | None = None) -> dict[str, torch.Tensor]:
     """E[x^2] per input channel of every linear layer and of the head, from a plain transformers forward
-    of the whole model in bf16 (each text alone, as the calibration does), keyed by module name."""
+    of the whole model in bf16 (each text alone, as the calibration does), keyed by the checkpoint's module
+    names (GPT-NeoX's head is ``embed_out`` there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    from omni_quant.structure import checkpoint_names
 
     extra = {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)} \
         if gguf_file else {}
@@ -44,9 +48,10 @@ def _reference(src: Path, gguf_file: str | None = None) -> dict[str, torch.Tenso
             counts[name] = counts.get(name, 0) + x.shape[0]
         return hook
 
+    saved = checkpoint_names(model)
     for name, m in model.named_modules():
         if isinstance(m, torch.nn.Linear) or m is head:
-            m.register_forward_pre_hook(grab(name))
+            m.register_forward_pre_hook(grab(saved[name]))
     with torch.inference_mode():
         for text in CALIBRATION_TEXT:
             model(input_ids=tok(text, return_tensors="pt")["input_ids"])
@@ -92,6 +97,24 @@ def test_layerwise_equals_a_whole_model_forward_on_a_tiny_qwen2_with_sliding_win
     src = _tiny_qwen2(tmp_path / "qwen2", real_model)
     found, how = linear_input_importance(src)
     assert "4 layers" in how, how
+    _assert_same(found, _reference(src))
+
+
+@pytest.mark.parametrize("model_type", sorted(ARCHS))
+def test_layerwise_equals_a_whole_model_forward_on_every_architecture_of_the_any_model_test(tmp_path, real_model,
+                                                                                            model_type):
+    """tests/test_architectures.py's tiny checkpoints (a vocabulary the calibration text fits in): fused
+    checkpoint tensors (phi3, gpt_neox), scaled embeddings (gemma), post-norms (olmo2), a head named
+    ``embed_out`` (gpt_neox) all walk layer by layer, to the same values."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    extra, _ = ARCHS[model_type]
+    cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra, "vocab_size": 49152})
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16).save_pretrained(tmp_path / model_type)
+    src = _with_tokenizer(tmp_path / model_type, real_model)
+    found, how = linear_input_importance(src)
+    assert "one decoder layer at a time, 2 layers" in how, how
     _assert_same(found, _reference(src))
 
 
@@ -197,3 +220,65 @@ def test_sqnr_by_rows_equals_one_float64_sum(monkeypatch):
     nan = approx.clone()
     nan[20, 3] = float("nan")
     assert sqnr_db(w, nan) != sqnr_db(w, nan)  # NaN in any chunk is NaN
+
+
+def _untied(src: Path, dst: Path) -> Path:
+    """A copy of the GGUF ``src`` at ``dst`` with an ``output.weight`` (a copy of ``token_embd.weight``'s
+    bytes and type): an untied model, as most larger ones are (Qwen2.5-Coder-1.5B)."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(str(src))
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    writer = gguf.GGUFWriter(str(dst), arch)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    tensors = [(t.name, np.asarray(t.data), t.tensor_type) for t in reader.tensors]
+    embd = next(x for x in tensors if x[0] == "token_embd.weight")
+    tensors.append(("output.weight", embd[1], embd[2]))
+    for name, raw, kind in tensors:
+        writer.add_tensor_info(name, raw.shape, raw.dtype, raw.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for _, raw, _ in tensors:
+        writer.write_tensor_data(raw)
+    writer.close()
+    return dst
+
+
+def test_an_untied_gguf_converts_to_at_most_its_size_plus_5_percent(tmp_path):
+    """Issue 31's size rule: the cpu_int4 checkpoint (every file: weights, config, tokenizer, report) is at most
+    the GGUF's size plus 5%. A tied model's output is larger by design: the converter adds a 4-bit head beside
+    the embedding table (docs/cpu_int4.md, the input embedding), so the rule is checked on an untied file."""
+    from harness.models.registry import gguf_path
+    from omni_quant.gguf_convert import convert_gguf
+
+    src = _untied(gguf_path("smollm2-135m"), tmp_path / "untied.gguf")
+    dst = tmp_path / "int4"
+    convert_gguf(src, dst)
+    report = json.loads((dst / "quantization_report.json").read_text())
+    assert not any("(tied)" in t["name"] for t in report["tensors"])
+    assert report["embedding"]["quantized"], report["embedding"]
+    size = sum(f.stat().st_size for f in dst.iterdir())
+    assert size <= 1.05 * src.stat().st_size, (size, src.stat().st_size)
+
+
+def test_dequantizing_a_few_rows_at_a_time_gives_the_gguf_packages_values(monkeypatch):
+    """gguf's numpy dequantization of a whole Q6_K head held ~5 GB of temporaries (Qwen2.5-Coder-1.5B);
+    row chunks give the same float32 values, chunk boundaries and a short last chunk included."""
+    import numpy as np
+    from gguf import GGUFReader, dequantize
+
+    from harness.models.registry import gguf_path
+    from omni_quant import tensor_sources
+
+    t = next(x for x in GGUFReader(str(gguf_path("smollm2-135m"))).tensors if x.name == "blk.2.ffn_down.weight")
+    assert t.tensor_type.name == "Q4_1" and np.asarray(t.data).shape[0] == 576
+    monkeypatch.setattr(tensor_sources, "DEQUANTIZE_ROWS", 100)  # 6 chunks, the last of 76 rows
+    got = tensor_sources.dequantize_rows(np.asarray(t.data), t.tensor_type)
+    want = dequantize(np.asarray(t.data), t.tensor_type)
+    assert got.dtype == np.float32 and got.flags.writeable and np.array_equal(got, want)

@@ -169,7 +169,7 @@ def layerwise_input_sums(
 
     def load(param_names):
         for name in param_names:
-            _set(model, name, source.get(names[name]).to(params[name].dtype))
+            _set(model, name, source.get(names[name], params[name].dtype))
         stats.peak_params = max(stats.peak_params, _resident(model))
 
     layer_of = {}
