@@ -169,10 +169,12 @@ def test_the_gguf_source_gives_what_transformers_gguf_loading_gives(real_model):
         empty = AutoModelForCausalLM.from_config(cfg)
     want = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=empty)["tensors"]
     names = ["model.layers.4.self_attn.q_proj.weight", "model.layers.4.self_attn.k_proj.weight",
-             "model.layers.4.mlp.down_proj.weight", "model.layers.4.input_layernorm.weight", "model.norm.weight"]
+             "model.layers.4.mlp.down_proj.weight", "model.layers.4.input_layernorm.weight", "model.norm.weight",
+             "model.embed_tokens.weight"]  # 49152 rows: converted 2048 rows at a time
     for name in names:
         assert source.shape(name) == tuple(want[name].shape), name
         assert torch.equal(source.get(name), want[name].float()), name
+        assert torch.equal(source.get(name, torch.bfloat16), want[name].to(torch.bfloat16)), name
 
 
 @pytest.mark.engine

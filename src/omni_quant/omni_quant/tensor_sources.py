@@ -128,6 +128,15 @@ class GgufSource:
         """The shape of ``name`` as transformers holds it (GGUF stores dimensions innermost first)."""
         return tuple(int(d) for d in reversed(self.by_hf[name].shape))
 
+    def _keeps_values(self, gguf_name: str) -> bool:
+        """Whether transformers' processor returns this tensor as dequantized (its base ``TensorProcessor``;
+        ``LlamaTensorProcessor`` but for the q/k rows it reorders), so it may be converted a chunk at a time."""
+        from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor, TensorProcessor
+
+        kind = type(self.processor)
+        return kind is TensorProcessor or (kind is LlamaTensorProcessor and ".attn_q." not in gguf_name
+                                           and ".attn_k." not in gguf_name)
+
     def get(self, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The tensor ``name`` dequantized (:func:`dequantize_rows`), in transformers' layout, cast to ``dtype``.
 
@@ -140,6 +149,14 @@ class GgufSource:
             data = gguf_tensor_bytes(fd, t)
         finally:
             os.close(fd)
+        if data.ndim == 2 and self._keeps_values(t.name):  # row by row into ``dtype``: no float32 copy
+            from gguf import dequantize
+
+            out = torch.empty(self.shape(name), dtype=dtype)
+            for a in range(0, data.shape[0], DEQUANTIZE_ROWS):
+                out[a:a + DEQUANTIZE_ROWS] = torch.from_numpy(
+                    np.asarray(dequantize(data[a:a + DEQUANTIZE_ROWS], t.tensor_type), dtype=np.float32)).to(dtype)
+            return out
         values = self.processor.process(dequantize_rows(data, t.tensor_type), t.name).weights
         del data
         if not values.flags.writeable or values.dtype != np.float32:
