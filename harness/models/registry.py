@@ -363,14 +363,17 @@ def _from_gguf(spec: ModelSpec) -> bool:
 def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
     """``omni-quant convert`` of the base model, cached with a manifest: from the base's GGUF file
     directly when :func:`_from_gguf` (the path GGUF users take), else from its bf16 checkpoint at
-    ``spec.group_size`` with the ``q4`` recipe (GPTQ: ``--format gptq``)."""
-    base_dir = fetch(spec.base, cache_dir)
+    ``spec.group_size`` with the ``q4`` recipe (GPTQ: ``--format gptq``). The GGUF path never builds the
+    bf16 checkpoint (transformers dequantizing the whole model in memory, a step the conversion does not
+    read; issue 31): the base's identity is its GGUF file's sha256, as the bf16 manifest records it."""
     from omni_quant.convert import CONVERTER_VERSION, convert
 
-    base_sha = json.loads((base_dir / MANIFEST).read_text())["source"]["sha256"]
+    path_taken = "gguf" if _from_gguf(spec) else "bf16"
+    base_dir = None if path_taken == "gguf" else fetch(spec.base, cache_dir)
+    base_sha = (_sha256(gguf_path(spec.base, cache_dir)) if base_dir is None
+                else json.loads((base_dir / MANIFEST).read_text())["source"]["sha256"])
     out_dir = (cache_dir or default_cache_dir()) / spec.name
     manifest = out_dir / MANIFEST
-    path_taken = "gguf" if _from_gguf(spec) else "bf16"
     if manifest.is_file():
         try:
             recorded = json.loads(manifest.read_text())
@@ -388,7 +391,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
     try:
         if path_taken == "gguf":
-            source = gguf_path(spec.base)
+            source = gguf_path(spec.base, cache_dir)
             convert_gguf_file(source, tmp / "ckpt")
         else:
             source = base_dir
