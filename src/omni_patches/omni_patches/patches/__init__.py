@@ -30,9 +30,10 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The eight patches, in application order."""
+    """The nine patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
+    from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
     from omni_patches.patches.kv_cache import PATCH as KV
     from omni_patches.patches.modelinfo_cache import PATCH as MODELINFO
     from omni_patches.patches.pipeline_parallel import PATCH as PP
@@ -40,4 +41,4 @@ def all_patches() -> list[Patch]:
     from omni_patches.patches.sampler_seeds import PATCH as SEEDS
     from omni_patches.patches.token_ids import PATCH as TOKEN_IDS
 
-    return [AOT, KV, RELEASE, BATCH, SEEDS, PP, MODELINFO, TOKEN_IDS]
+    return [AOT, KV, RELEASE, BATCH, SEEDS, PP, MODELINFO, TOKEN_IDS, EMBEDDING]
