@@ -284,3 +284,21 @@ def test_dequantizing_a_few_rows_at_a_time_gives_the_gguf_packages_values(monkey
     got = tensor_sources.dequantize_rows(np.asarray(t.data), t.tensor_type)
     want = dequantize(np.asarray(t.data), t.tensor_type)
     assert got.dtype == np.float32 and got.flags.writeable and np.array_equal(got, want)
+
+
+def test_super_blocks_fitted_by_blocks_of_rows_equal_one_fit(tmp_path, monkeypatch):
+    """write_quantized_super_blocks fits ROW_BLOCK rows at a time (a 151936-row head in one fit held 5 GB of
+    float32 temporaries): rows are independent, so the stored tensors are the one-fit ones."""
+    from omni_quant import convert, super_blocks
+    from omni_quant.packing import pack
+
+    monkeypatch.setattr(convert, "ROW_BLOCK", 64)  # 300 rows: five blocks, the last of 44
+    w = (torch.randn(300, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
+    imp = torch.rand(512, generator=torch.Generator().manual_seed(4))
+    writer = convert.ShardWriter(tmp_path)
+    db, _ = convert.write_quantized_super_blocks(writer, "m", w, imp)
+    whole = super_blocks.quantize(w, imp)
+    want = (pack(whole[0]), *whole[1:])
+    for name, t in zip(super_blocks.TENSORS, want, strict=True):
+        assert torch.equal(writer.pending[f"m.{name}"], t.to(writer.pending[f"m.{name}"].dtype)), name
+    assert db > 10

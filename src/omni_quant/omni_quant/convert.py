@@ -44,6 +44,7 @@ from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 from omni_quant.packing import PackFormat, format_version_for, pack
 from omni_quant.quant_math import (
     GROUP_SIZES,
+    ROW_BLOCK,
     GroupSizeError,
     choose_group_size,
     dequantize,
@@ -244,9 +245,14 @@ def write_quantized_super_blocks(writer: ShardWriter, module: str, w: torch.Tens
     (:func:`omni_quant.super_blocks.quantize`, weighted by ``importance`` ``[K]`` when given) and write it;
     return (SQNR dB, bytes).
 
+    The fit runs ``ROW_BLOCK`` rows at a time (rows are independent; its float32 temporaries of a whole
+    151936 x 1536 head took 5 GB), so its check of subnormal float16 steps judges each block of rows.
+
     Raises:
         ValueError: from the fit (NaN/inf, a range beyond float16 steps)."""
-    parts = super_blocks.quantize(w, importance)
+    blocks = [super_blocks.quantize(w[a:a + ROW_BLOCK], importance) for a in range(0, w.shape[0], ROW_BLOCK)]
+    parts = tuple(torch.cat(p) for p in zip(*blocks, strict=True)) if len(blocks) > 1 else blocks[0]
+    del blocks
     db = sqnr_db_rows(w, lambda a, b: super_blocks.dequantize(*(p[a:b] for p in parts)))
     return db, write_super_blocks(writer, module, *parts)
 

@@ -35,7 +35,7 @@ import torch
 
 from omni_quant import embedding_convert, super_blocks
 from omni_quant.gguf_blocks import EXACT_TYPES, GROUP, stored_values_finite, to_cpu_int4
-from omni_quant.tensor_sources import dequantize_rows, release_mapped_pages
+from omni_quant.tensor_sources import dequantize_rows, release_mapped_pages, return_freed_heap
 
 __all__ = ["GGUF_GROUP_SIZE", "convert_gguf"]
 
@@ -237,6 +237,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
         embedding = None
         for t in reader.tensors:
             release_mapped_pages(reader)  # the previous tensor's file pages leave the resident set
+            return_freed_heap()
             hf = name_map.get(t.name)
             if hf is None:
                 raise ConversionError(f"{path}: tensor {t.name} ({t.tensor_type.name}) has no counterpart in "

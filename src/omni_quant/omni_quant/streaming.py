@@ -140,6 +140,7 @@ def layerwise_input_sums(
     from transformers import AutoModelForCausalLM
 
     from omni_quant.structure import checkpoint_names
+    from omni_quant.tensor_sources import return_freed_heap
 
     stats = LayerwiseStats()
     with init_empty_weights():
@@ -231,6 +232,7 @@ def layerwise_input_sums(
                         handle.remove()
                 for n in mine:
                     _drop(model, n)
+                return_freed_heap()
                 stats.layers += 1
             allowed.clear()
             allowed.update(id(m) for m in model.modules())

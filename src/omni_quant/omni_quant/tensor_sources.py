@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 __all__ = ["DEQUANTIZE_ROWS", "GgufSource", "SafetensorsSource", "dequantize_rows", "gguf_tensor_bytes",
-           "release_mapped_pages"]
+           "release_mapped_pages", "return_freed_heap"]
 
 DEQUANTIZE_ROWS = 2048
 """Rows :func:`dequantize_rows` hands the ``gguf`` package at a time."""
@@ -93,6 +93,24 @@ def dequantize_rows(data: np.ndarray, qtype, out_dtype=np.float32) -> np.ndarray
     for a in range(DEQUANTIZE_ROWS, data.shape[0], DEQUANTIZE_ROWS):
         out[a:a + DEQUANTIZE_ROWS] = dequantize(data[a:a + DEQUANTIZE_ROWS], qtype)
     return out
+
+
+def return_freed_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc ``malloc_trim(0)``). Chunked dequantization
+    and per-layer weights free tens of MB at a time that glibc keeps for reuse, fragmented: the resident set
+    of a Qwen2.5-Coder-1.5B conversion grew by 1.8 GB over the layer walk without it. A no-op without glibc."""
+    import ctypes
+    import ctypes.util
+
+    global _libc
+    if _libc is None:
+        name = ctypes.util.find_library("c")
+        _libc = ctypes.CDLL(name) if name else False
+    if _libc and hasattr(_libc, "malloc_trim"):
+        _libc.malloc_trim(0)
+
+
+_libc = None
 
 
 def release_mapped_pages(reader) -> None:
