@@ -81,3 +81,19 @@ def test_stored_values_finite_on_float_tensors_and_unknown_types():
     bf16 = np.array([0x3F80, 0x7FC0], dtype=np.uint16)  # 1.0, NaN
     assert stored_values_finite(bf16[:1], "BF16") is True and stored_values_finite(bf16, "BF16") is False
     assert stored_values_finite(np.zeros(66, np.uint8), "IQ2_XS") is None
+
+
+def test_the_gguf_cache_is_keyed_by_the_converter_version_too(tmp_path):
+    """omni-vllm serve FILE.gguf: a conversion an older converter made (the name without the version) is
+    not what a newer one serves; this version's conversion is."""
+    from omni_quant import gguf_cache
+    from omni_quant.convert import CONVERTER_VERSION
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    digest = gguf_cache._sha256(gguf)
+    for name in (f"m-{digest[:16]}", f"m-{digest[:16]}-c{CONVERTER_VERSION.rsplit('/', 1)[-1]}"):
+        (tmp_path / "cache" / name).mkdir(parents=True)
+        (tmp_path / "cache" / name / "config.json").write_text("{}")
+    out = gguf_cache.cached_conversion(gguf, tmp_path / "cache")
+    assert out.name == f"m-{digest[:16]}-c{CONVERTER_VERSION.rsplit('/', 1)[-1]}"

@@ -1,5 +1,7 @@
 """A GGUF file served as it is: converted once (:mod:`omni_quant.gguf_convert`) into a cache keyed by
-the file's sha256, reused while the file is unchanged (``omni-vllm serve FILE.gguf``)."""
+the file's sha256 and the converter's version, reused while both are unchanged (``omni-vllm serve
+FILE.gguf``): a new omni-quant whose converter writes a better checkpoint (the 4-bit input embedding of
+``omni-quant-convert/6``) converts the file again instead of serving the old conversion."""
 
 from __future__ import annotations
 
@@ -29,15 +31,18 @@ def cache_root() -> Path:
 
 def cached_conversion(gguf: Path, root: Path | None = None) -> Path:
     """The cpu_int4 checkpoint of ``gguf``: from the cache when this file (by digest) was converted
-    before, else converted now into it (atomically: an interrupted conversion leaves nothing).
+    before by this converter version, else converted now into it (atomically: an interrupted conversion
+    leaves nothing; an older version's directory is left for the user to remove).
 
     Raises:
         omni_quant.convert.ConversionError: the file cannot be converted.
     """
+    from omni_quant.convert import CONVERTER_VERSION
     from omni_quant.gguf_convert import convert_gguf
 
     digest = _sha256(gguf)
-    out = (root or cache_root()) / f"{gguf.stem}-{digest[:16]}"
+    version = CONVERTER_VERSION.rsplit("/", 1)[-1]
+    out = (root or cache_root()) / f"{gguf.stem}-{digest[:16]}-c{version}"
     if (out / "config.json").is_file():
         logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16], out)
         return out
