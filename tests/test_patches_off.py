@@ -121,7 +121,7 @@ def probe(tiny_llama):
 
 def _off(probe, switch: str, name: str) -> dict:
     off = probe(switch)
-    assert name not in off["applied"] and len(off["applied"]) == 7, off["applied"]
+    assert name not in off["applied"] and len(off["applied"]) == 8, off["applied"]
     assert name in probe(None)["applied"]
     return off
 

@@ -43,7 +43,7 @@ class TreePeak:
         self.peak_anon = 0
         self.peak_total = 0
         self.samples = 0
-        self.error: str | None = None
+        self.skipped = 0
         self._hwm: dict[int, dict[str, Any]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,9 +67,11 @@ class TreePeak:
         while not self._stop.is_set():
             try:
                 self._sample()
-            except MemoryReadError as e:
-                self.error = str(e)
-                return
+            except MemoryReadError:
+                # a process caught between fork and exec, or exiting, has a status without its Rss lines for
+                # a moment (vLLM's start spawns and reaps several): this sample is skipped, counted, and the
+                # next one taken; the peak stays a lower bound
+                self.skipped += 1
             self._stop.wait(self.interval_s)
 
     def start(self) -> TreePeak:
@@ -80,17 +82,16 @@ class TreePeak:
     def stop(self) -> TreePeak:
         """Stop sampling, after one last sample (the state at stop counts).
 
-        Raises:
-            MemoryReadError: a process of the tree could not be read during sampling; the peak would
-                be a smaller number than the truth, so it has no value.
+        A sample in which a process could not be read (caught between fork and exec, or exiting) is
+        skipped and counted in :meth:`hwm` (``skipped_samples``).
         """
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        if self.error is None:
+        try:
             self._sample()
-        if self.error is not None:
-            raise MemoryReadError(self.error)
+        except MemoryReadError:
+            self.skipped += 1
         return self
 
     def __enter__(self) -> TreePeak:
@@ -112,5 +113,5 @@ class TreePeak:
     def hwm(self) -> dict[str, Any]:
         """Per process seen: role and ``VmHWM`` in bytes (each process's own resident peak), with the
         sampling interval and count, for an artifact's provenance."""
-        return {"interval_s": self.interval_s, "samples": self.samples,
+        return {"interval_s": self.interval_s, "samples": self.samples, "skipped_samples": self.skipped,
                 "vm_hwm": {str(pid): v for pid, v in self._hwm.items()}}
