@@ -105,17 +105,13 @@ def pymalloc() -> dict[str, int | None]:
 
 
 def release() -> dict[str, Any]:
-    """Ask tcmalloc (``MallocExtension_ReleaseFreeMemory``) and glibc (``malloc_trim(0)``) to return free
-    memory; return ``{"rss_anon_before", "rss_anon_after", "returned"}`` in bytes (``/proc/self/status``).
-    The same calls as omni-patches' release patch, measured here so a ledger can say what the allocator
+    """Ask the mallocs to return free memory, with omni-patches' own call (tcmalloc's
+    ``MallocExtension_ReleaseFreeMemory``, glibc's ``malloc_trim(0)``), and measure it: ``{"rss_anon_before",
+    "rss_anon_after", "returned"}`` in bytes (``/proc/self/status``), so a ledger can say what the allocator
     caches held."""
+    from omni_patches.patches.release_memory import release_free_memory
+
     before = status_bytes("RssAnon")
-    libc = ctypes.CDLL(None)
-    rel = getattr(libc, "MallocExtension_ReleaseFreeMemory", None)
-    if rel is not None:
-        rel()
-    trim = getattr(libc, "malloc_trim", None)
-    if trim is not None:
-        trim(ctypes.c_size_t(0))
+    release_free_memory()
     after = status_bytes("RssAnon")
     return {"rss_anon_before": before, "rss_anon_after": after, "returned": before - after}
