@@ -189,18 +189,12 @@ def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
     (fitted by omni_quant.super_blocks from their dequantized values, block bytes written as llama.cpp's
     block_q4_K); returns the fields written per tensor name."""
     import gguf
+    from gguf_files import writer_like
     from test_super_blocks import _q4_k_bytes
 
     from omni_quant import super_blocks
 
-    reader = gguf.GGUFReader(str(src))
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    reader, writer = writer_like(src, dst)
     fields, data = {}, {}
     for t in reader.tensors:
         raw, kind = np.asarray(t.data), t.tensor_type

@@ -227,17 +227,10 @@ def test_sqnr_by_rows_equals_one_float64_sum(monkeypatch):
 def _untied(src: Path, dst: Path) -> Path:
     """A copy of the GGUF ``src`` at ``dst`` with an ``output.weight`` (a copy of ``token_embd.weight``'s
     bytes and type): an untied model, as most larger ones are (Qwen2.5-Coder-1.5B)."""
-    import gguf
     import numpy as np
+    from gguf_files import writer_like
 
-    reader = gguf.GGUFReader(str(src))
-    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    writer = gguf.GGUFWriter(str(dst), arch)
-    for field in reader.fields.values():
-        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
-            continue
-        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub)
+    reader, writer = writer_like(src, dst)
     tensors = [(t.name, np.asarray(t.data), t.tensor_type) for t in reader.tensors]
     embd = next(x for x in tensors if x[0] == "token_embd.weight")
     tensors.append(("output.weight", embd[1], embd[2]))
