@@ -116,10 +116,12 @@ def test_memory_as_a_user_feels_it_for_every_arm(artifact):
     for r in art["runs"]:
         m = r["metrics"]
         assert m["rss_file_tree_mb"] > 0 and m["pss_tree_mb"] > 0, (r["tag"], m)
-        assert m["peak_anon_tree_mb"] >= 0.95 * m["rss_anon_tree_mb"], (r["tag"], m)
-        assert m["peak_total_tree_mb"] >= m["peak_anon_tree_mb"], (r["tag"], m)
+        assert m["peak_anon_tree_mb"] > 0 and m["peak_total_tree_mb"] >= m["peak_anon_tree_mb"], (r["tag"], m)
         if r["tag"].startswith("llamacpp"):
+            # its memory is read after the requests, whose batches allocate more than its start-up did
             assert m["rss_file_tree_mb"] >= 90, "the mapped GGUF's pages"
+        else:  # vLLM's memory is read at the first token, where the sampled peak ends
+            assert m["peak_anon_tree_mb"] >= 0.95 * m["rss_anon_tree_mb"], (r["tag"], m)
 
 
 def test_plot_of_the_artifact(artifact):

@@ -35,11 +35,13 @@ def int4_runs(int4_model_dir):
 
     # the KV patch does not depend on the layout: its "off" run stays in omni's one process (a
     # three-process start costs about 40 s on two cores, one process about 12 s)
-    # the release runs with glibc's dynamic mmap threshold (OMNI_MALLOC_MMAP_THRESHOLD=0): omni-platform's
-    # fixed threshold already returns most freed temporaries at free(), leaving the patch little to show
+    # the release runs repack the weights at load (OMNI_MAPPED_WEIGHTS=0: a mapped layout file frees nothing
+    # at load) under glibc's dynamic mmap threshold (OMNI_MALLOC_MMAP_THRESHOLD=0: omni-platform's fixed one
+    # already returns most freed temporaries at free()), the conditions in which the patch has work to do
+    release_env = {"OMNI_MAPPED_WEIGHTS": "0", "OMNI_MALLOC_MMAP_THRESHOLD": "0"}
     return {"on": run(), "kv_off": run("0", OMNI_PATCH_KV_CACHE_OFF="1"),
-            "release_on": run(OMNI_MALLOC_MMAP_THRESHOLD="0"),
-            "release_off": run(OMNI_PATCH_RELEASE_MEMORY_OFF="1", OMNI_MALLOC_MMAP_THRESHOLD="0")}
+            "release_on": run(**release_env),
+            "release_off": run(OMNI_PATCH_RELEASE_MEMORY_OFF="1", **release_env)}
 
 
 def test_c05_method_selected_from_the_config_alone(int4_runs):
