@@ -149,10 +149,12 @@ def test_the_user_size_model_is_registered_with_its_digest():
 
 def test_a_cpu_int4_model_from_a_gguf_never_builds_the_bf16_checkpoint(tmp_path):
     """Issue 31: `fetch qwen2.5-coder-1.5b-int4` also built the bf16 base (transformers dequantizing the whole
-    model in memory), which the GGUF path does not read. Now only the GGUF file's digest is taken."""
-    out = fetch("smollm2-135m-int4", cache_dir=tmp_path)
-    assert out == tmp_path / "smollm2-135m-int4" and (out / MANIFEST).is_file()
-    assert not (tmp_path / "smollm2-135m-bf16").exists(), "the bf16 base was built"
+    model in memory), which the GGUF path does not read. Now only the GGUF file's digest is taken. The cache
+    directory does not exist yet, as on a fresh checkout (CI's `make test` failed on that once)."""
+    cache = tmp_path / "fresh" / "models"
+    out = fetch("smollm2-135m-int4", cache_dir=cache)
+    assert out == cache / "smollm2-135m-int4" and (out / MANIFEST).is_file()
+    assert not (cache / "smollm2-135m-bf16").exists(), "the bf16 base was built"
     recorded = json.loads((out / MANIFEST).read_text())["source"]
     assert recorded["converted_from"] == "gguf" and recorded["sha256"] == models._sha256(gguf_path("smollm2-135m"))
-    assert fetch("smollm2-135m-int4", cache_dir=tmp_path) == out  # the manifest matches: no second conversion
+    assert fetch("smollm2-135m-int4", cache_dir=cache) == out  # the manifest matches: no second conversion

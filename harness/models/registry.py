@@ -388,6 +388,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
         shutil.rmtree(out_dir)
     from omni_quant.gguf_convert import convert_gguf as convert_gguf_file
 
+    out_dir.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no cache directory yet
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))
     try:
         if path_taken == "gguf":
