@@ -200,3 +200,32 @@ def test_the_user_cache_directory_setting(monkeypatch, tmp_path):
     monkeypatch.delenv("OMNI_LAYOUT_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert layout_cache.user_cache_dir() == tmp_path / "xdg" / "omni" / "layouts"
+
+
+def test_a_written_file_is_mapped_on_the_huge_pages_a_fresh_read_gets(tmp_path):
+    """Issue 31: the writer's mapping held the 4 KiB page-cache folios ``write()`` left (Qwen: 32 of 851 MiB
+    PMD-mapped; decode ranked 17% below the anonymous huge-page copy). It must get the 2 MiB pages a
+    ``MADV_HUGEPAGE`` mapping of the same bytes read from disk gets, whatever this kernel and file system
+    offer (both zero where file THP is not offered)."""
+    import mmap
+
+    big = torch.randint(0, 255, (16 << 20,), dtype=torch.uint8)
+    path = tmp_path / "big.layout"
+    written = layout_file.write_layout(path, KEY, {"w": LayerEntry("native", "groups", 32, 64, {"w4a8_weight": big})})
+    got = _smaps_of(path)["file_pmd_mapped"]
+
+    control = tmp_path / "control.bin"
+    control.write_bytes(path.read_bytes())
+    fd = os.open(control, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        layout_file.drop_cached_pages(fd)
+        mm = mmap.mmap(fd, os.fstat(fd).st_size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    mm.madvise(layout_file.MADV_POPULATE_READ)
+    fresh = _smaps_of(control)["file_pmd_mapped"]
+    mm.close()
+    assert torch.equal(written.layers["w"].tensors["w4a8_weight"], big)
+    assert got >= fresh, f"the written file's mapping has {got} bytes on 2 MiB pages, a fresh read {fresh}"
