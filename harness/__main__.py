@@ -3,7 +3,8 @@
 Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results), ``models``
 (harness.models.registry), ``fidelity`` (harness.models.fidelity), ``ledger`` (harness.memory.ledger),
 ``profile`` (harness.memory.profile), ``kernels`` (harness.kernels.matrix), ``pages``
-(harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw),
+(harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
+(harness.startup.run),
 and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``, ``run-openvino``.
 """
 
@@ -23,6 +24,7 @@ COMMANDS = {
     "pages": "harness.kernels.pages",
     "demo": "harness.demo",
     "bpw": "harness.models.bpw",
+    "startup": "harness.startup.run",
     "run-vllm": "harness.arms.vllm",
     "run-llamacpp": "harness.arms.llamacpp",
     "run-openvino": "harness.arms.openvino",
