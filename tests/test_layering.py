@@ -60,6 +60,7 @@ HARNESS_ALLOWED = {
     "grid": {"root", "grid"},                           # passes, judge, metrics, guard: arms run as commands
     "artifacts": {"root", "grid", "artifacts"},         # results, plots, docs tables: re-judged from the grid
     "demo": {"root", "models", "arms"},
+    "startup": {"root", "models", "arms", "startup"},  # start-up profiles: the server arm's client, the recipe
     "__main__": set(),                                  # dispatches by module name (importlib), imports none
 }
 

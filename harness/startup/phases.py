@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-LAUNCH = "interpreter start and imports up to vLLM's platform plugins"
+LAUNCH = "process start: the interpreter and imports up to vLLM's platform plugins (none when forked)"
 """The label of a process's launch marker (its create time)."""
 FIRST_REQUEST = "the first request (8-token prompt, one token)"
 END = "(end: first token)"
