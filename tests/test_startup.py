@@ -4,13 +4,14 @@ phases sum to the launch-to-first-token the client measured."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harness.startup.phases import END, LAUNCH, Marker, check_total, markers_from_log, phases
+from harness.startup.phases import END, LAUNCH, MARKERS, Marker, check_total, markers_from_log, phases
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,4 +65,26 @@ def test_a_warm_start_is_profiled_by_phase_on_the_real_model(layout, tmp_path):
                                                      else {"vllm.LLM"})
     log = Path(art["log"]).read_text()
     assert "cpu_int4 layers mapped from" in log and "cpu_int4 layers written to" not in log
+    if layout == "server":  # forked (OMNI_ENGINE_CORE_FORK's default): the engine core does not import vLLM again
+        core = {int(pid) for pid, role in art["pids"].items() if role == "engine core"}
+        assert core and not [m for m in art["markers"] if m["pid"] in core and m["label"] == MARKERS[0][0]]
+        assert "forks its engine core" in log
     assert art["provenance"]["cpu_flags"]
+
+
+@pytest.mark.parametrize(("env", "user_set", "want"), [
+    ({}, False, "fork"),                                         # the default: forked, no second import
+    ({"OMNI_ENGINE_CORE_FORK": "0"}, False, "spawn"),            # the switch keeps vLLM's spawn
+    ({"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, True, "spawn"),  # the user's choice wins
+])
+def test_the_server_forks_its_engine_core_unless_told_not_to(monkeypatch, env, user_set, want):
+    import vllm.config  # noqa: F401 - vLLM's platforms imported first, as when vLLM loads the plugin
+
+    from omni_platform.platform import OmniPlatform
+
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # what CpuPlatform just set
+    monkeypatch.setenv("OMNI_AUTO_SET", "")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    OmniPlatform._configure_engine_core_start(user_set)
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == want

@@ -105,6 +105,15 @@ SETTINGS: dict[str, Setting] = {
             "parent dies, SIGKILL included (omni_platform.lifeline); 0 leaves them to vLLM.",
         ),
         Setting(
+            "OMNI_ENGINE_CORE_FORK",
+            _bool,
+            True,
+            "1: where the worker runs inside the engine core (omni's small-machine layout), the OpenAI "
+            "server forks its engine core instead of spawning it (VLLM_WORKER_MULTIPROC_METHOD=fork), "
+            "so the engine core does not import vLLM a second time; 0 keeps vLLM's spawn on CPU. A "
+            "VLLM_WORKER_MULTIPROC_METHOD the user set wins.",
+        ),
+        Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",
             _nonneg_int,
             1 << 20,

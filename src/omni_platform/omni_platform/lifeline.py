@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -32,6 +33,7 @@ __all__ = ["GRACE_S", "PERIOD_S", "watch_parent"]
 PERIOD_S = 1.0
 GRACE_S = 5.0
 _started = False
+_hooked = False
 
 
 def _watch(parent: int, period_s: float, grace_s: float) -> None:
@@ -43,16 +45,38 @@ def _watch(parent: int, period_s: float, grace_s: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class _ForkHook:
+    """The object ``multiprocessing.util.register_after_fork`` keys the hook by (held for the process's life)."""
+
+
+_FORK_HOOK = _ForkHook()
+
+
+def _after_fork(_: object) -> None:
+    global _started
+    _started = False  # the parent's thread did not survive the fork
+    watch_parent()
+
+
 def watch_parent(period_s: float = PERIOD_S, grace_s: float = GRACE_S) -> bool:
-    """Start the watchdog once in this process if it is a ``multiprocessing`` child.
+    """Start the watchdog once in this process if it is a ``multiprocessing`` child, and in every child
+    ``multiprocessing`` forks from it later.
+
+    A forked child does not load omni's plugins again (they are already imported), so the watchdog
+    is registered with ``multiprocessing.util.register_after_fork``: ``BaseProcess._bootstrap`` runs
+    it in the child after setting its parent process (CPython 3.11 ``multiprocessing/process.py``).
+    OmniPlatform forks the server's engine core (``OMNI_ENGINE_CORE_FORK``).
 
     Returns:
         True when a watchdog runs in this process (started now or before), False for a process
         that multiprocessing did not start (the front end: the user's own process).
     """
-    global _started
+    global _started, _hooked
     if _started:
         return True
+    if not _hooked:
+        multiprocessing.util.register_after_fork(_FORK_HOOK, _after_fork)
+        _hooked = True
     if multiprocessing.parent_process() is None:
         return False
     parent = os.getppid()

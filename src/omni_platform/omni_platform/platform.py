@@ -55,6 +55,21 @@ def _user_set(name: str) -> bool:
     return os.environ.get(name, "") != "" and name not in _auto_set()
 
 
+def _user_set_at_launch(name: str) -> bool:
+    """Whether environment variable ``name`` was in this process's environment when it was executed
+    (``/proc/self/environ``, which ``os.environ`` changes do not touch) and not set by OmniPlatform in
+    the process that launched it. vLLM's CLI sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` itself before
+    any plugin loads (``cli_env_setup``, ``vllm/entrypoints/serve/utils/api_utils.py``, 0.28), so
+    ``os.environ`` cannot tell that default from a user's choice. Where ``/proc`` is unreadable, any
+    value counts as the user's."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            launch = {kv.split(b"=", 1)[0].decode(errors="replace") for kv in f.read().split(b"\0") if kv}
+    except OSError:
+        return _user_set(name)
+    return name in launch and name not in _auto_set()
+
+
 def _mark_auto_set(name: str, value: str) -> None:
     os.environ[name] = value
     os.environ["OMNI_AUTO_SET"] = ",".join(sorted(_auto_set() | {name}))
@@ -120,10 +135,12 @@ class OmniPlatform(CpuPlatform):
         if vllm_config.model_config is not None:
             cls._vocab_size = vllm_config.model_config.get_vocab_size()
         in_process = cls._configure_process_layout(vllm_config)  # before super(): it rewrites uni to mp
+        user_start_method = _user_set_at_launch("VLLM_WORKER_MULTIPROC_METHOD")  # super() sets it to spawn
         super().check_and_update_config(vllm_config)
         cls._configure_thread_binding(vllm_config)
         if in_process:
             cls._configure_in_process_threads()
+            cls._configure_engine_core_start(user_start_method)
         cls._configure_kv_cache(vllm_config, explicit_kv, kv_space_env)
         if envs.OMNI_CPU_ATTN_ONE_OP and isinstance(vllm_config.additional_config, dict):
             # The compiled graph differs (no unified_kv_cache_update op): key the compile cache by it.
@@ -182,6 +199,30 @@ class OmniPlatform(CpuPlatform):
         _mark_auto_set("OMP_NUM_THREADS", str(n))
         torch.set_num_threads(n)
         logger.info("omni: %d torch threads for the in-process worker (cpus %s)", n, cpus)
+
+    @classmethod
+    def _configure_engine_core_start(cls, user_set: bool) -> None:
+        """Fork the server's engine core instead of spawning it, where the worker runs inside it.
+
+        vLLM's ``CpuPlatform.check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
+        (``vllm/platforms/cpu.py``, 0.28), so the engine core process starts a new interpreter and
+        imports vLLM, torch and transformers again before it loads a weight: 6.7 s of a 18.1 s warm
+        start of SmolLM2's server on a 2-core EPYC (``python -m harness startup --server
+        --enforce-eager``). vLLM's own default elsewhere is ``fork``, which it gives up only when CUDA
+        or XPU is initialised, under Ray, NUMA binding or WSL (``_maybe_force_spawn`` in
+        ``vllm/utils/system_utils.py``): none holds for the one engine-core child of this layout,
+        and the front end has run no OpenMP parallel region before it forks (``torch.set_num_threads``
+        only sets the count). The mp layout (several workers) keeps spawn. ``user_set``: the user's
+        environment named a start method (:func:`_user_set_at_launch`).
+        """
+        if user_set:
+            return
+        if not envs.OMNI_ENGINE_CORE_FORK:
+            return
+        if "VLLM_WORKER_MULTIPROC_METHOD" not in _auto_set():
+            logger.info("omni: the OpenAI server forks its engine core (VLLM_WORKER_MULTIPROC_METHOD=fork): no "
+                        "second import of vLLM; OMNI_ENGINE_CORE_FORK=0 keeps vLLM's spawn")
+        _mark_auto_set("VLLM_WORKER_MULTIPROC_METHOD", "fork")
 
     @classmethod
     def _configure_thread_binding(cls, vllm_config: VllmConfig) -> None:
