@@ -73,12 +73,12 @@ def _tree(pid: int) -> list[int]:
     return [pid] + [c.pid for c in psutil.Process(pid).children(recursive=True)]
 
 
-def _serve(model: Path, port: int, log: Path) -> subprocess.Popen:
+def _serve(model: Path, port: int, log: Path, fork: bool = False) -> subprocess.Popen:
     cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(model), "--enforce-eager",
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "512"]
     with open(log, "a") as f:
-        return subprocess.Popen(cmd, env=clean_env(VLLM_PLUGINS="omni"), stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(cmd, env=clean_env(VLLM_PLUGINS="omni", OMNI_ENGINE_CORE_FORK="1" if fork else "0"),
+                                stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _kill_tree(pids: list[int]) -> None:
@@ -90,14 +90,16 @@ def _kill_tree(pids: list[int]) -> None:
 
 
 @pytest.mark.engine
-def test_c13_sigkill_of_the_server_leaves_no_process_and_the_port_restarts(int4_model_dir, tmp_path):
-    """Idle, then while streaming: kill -9 of `omni-vllm serve`; its engine core is gone within 20 s.
+@pytest.mark.parametrize("fork", [False, True], ids=["spawned", "forked"])
+def test_c13_sigkill_of_the_server_leaves_no_process_and_the_port_restarts(int4_model_dir, tmp_path, fork):
+    """Idle, then while streaming: kill -9 of `omni-vllm serve`; its engine core is gone within 20 s, spawned
+    (the default) or forked (OMNI_ENGINE_CORE_FORK=1: the watchdog follows the fork).
     The second server listens on the port of the first one killed: nothing held it."""
     port = free_port()
     log = tmp_path / "server.log"
     times = []
     for busy in (False, True):
-        proc = _serve(int4_model_dir, port, log)  # busy: the same port the idle server held when killed
+        proc = _serve(int4_model_dir, port, log, fork)  # busy: the same port the idle server held when killed
         tree = [proc.pid]
         try:
             wait_healthy(proc, f"http://127.0.0.1:{port}/health", 600, log)

@@ -43,7 +43,7 @@ def test_phases_run_from_each_marker_to_the_next_across_processes_and_sum_to_the
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("layout", ["llm", "server"])
+@pytest.mark.parametrize("layout", ["llm", "server", "server-forked"])
 def test_a_warm_start_is_profiled_by_phase_on_the_real_model(layout, tmp_path):
     """Eager SmolLM2 int4, warm (the cache root is filled by a first, unprofiled start): the phases sum to
     the client's launch-to-first-token within 10% (the command fails otherwise), the weights come from
@@ -51,39 +51,42 @@ def test_a_warm_start_is_profiled_by_phase_on_the_real_model(layout, tmp_path):
     out = tmp_path / "startup.json"
     cmd = [sys.executable, "-m", "harness", "startup", "--model", "smollm2-135m-int4", "--enforce-eager",
            "--cache-root", str(tmp_path / "cache"), "--out", str(out), "--allow-dirty"]
-    if layout == "server":
+    if layout != "llm":
         cmd.append("--server")
-    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    env = {**os.environ, "OMNI_ENGINE_CORE_FORK": "1" if layout == "server-forked" else "0"}
+    run = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     art = json.loads(out.read_text())
-    assert art["kind"] == "startup_profile" and art["layout"] == layout and art["start"] == "warm"
+    assert art["kind"] == "startup_profile" and art["layout"] == layout.split("-")[0] and art["start"] == "warm"
     assert art["preparing_start_s"] is not None  # the empty cache root was filled first
     assert abs(art["total_s"] - art["measured_s"]) <= 0.1 * art["measured_s"]
     labels = [p["label"] for p in art["phases"]]
     assert labels[0] == LAUNCH and any(lb.startswith("create_weights") for lb in labels)
-    assert {p["process"] for p in art["phases"]} == ({"front end", "engine core"} if layout == "server"
+    assert {p["process"] for p in art["phases"]} == ({"front end", "engine core"} if layout != "llm"
                                                      else {"vllm.LLM"})
     log = Path(art["log"]).read_text()
     assert "cpu_int4 layers mapped from" in log and "cpu_int4 layers written to" not in log
-    if layout == "server":  # forked (OMNI_ENGINE_CORE_FORK's default): the engine core does not import vLLM again
+    if layout != "llm":  # spawned, the engine core imports vLLM again (its plugin lines); forked, it does not
         core = {int(pid) for pid, role in art["pids"].items() if role == "engine core"}
-        assert core and not [m for m in art["markers"] if m["pid"] in core and m["label"] == MARKERS[0][0]]
-        assert "forks its engine core" in log
+        imports = [m for m in art["markers"] if m["pid"] in core and m["label"] == MARKERS[0][0]]
+        assert core and bool(imports) == (layout == "server")
+        assert ("forks its engine core" in log) == (layout == "server-forked")
     assert art["provenance"]["cpu_flags"]
 
 
 @pytest.mark.parametrize(("env", "user_set", "want"), [
-    ({}, False, "fork"),                                         # the default: forked, no second import
-    ({"OMNI_ENGINE_CORE_FORK": "0"}, False, "spawn"),            # the switch keeps vLLM's spawn
-    ({"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, True, "spawn"),  # the user's choice wins
+    ({}, False, "spawn"),                                        # the default: vLLM's spawn
+    ({"OMNI_ENGINE_CORE_FORK": "1"}, False, "fork"),             # asked for: forked, no second import
+    ({"OMNI_ENGINE_CORE_FORK": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, True, "spawn"),  # the user's wins
 ])
-def test_the_server_forks_its_engine_core_unless_told_not_to(monkeypatch, env, user_set, want):
+def test_the_server_forks_its_engine_core_when_asked(monkeypatch, env, user_set, want):
     import vllm.config  # noqa: F401 - vLLM's platforms imported first, as when vLLM loads the plugin
 
     from omni_platform.platform import OmniPlatform
 
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # what CpuPlatform just set
     monkeypatch.setenv("OMNI_AUTO_SET", "")
+    monkeypatch.delenv("OMNI_ENGINE_CORE_FORK", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     OmniPlatform._configure_engine_core_start(user_set)

@@ -202,7 +202,8 @@ class OmniPlatform(CpuPlatform):
 
     @classmethod
     def _configure_engine_core_start(cls, user_set: bool) -> None:
-        """Fork the server's engine core instead of spawning it, where the worker runs inside it.
+        """Fork the server's engine core instead of spawning it, where the worker runs inside it and
+        ``OMNI_ENGINE_CORE_FORK=1`` asks for it.
 
         vLLM's ``CpuPlatform.check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
         (``vllm/platforms/cpu.py``, 0.28), so the engine core process starts a new interpreter and
@@ -210,9 +211,13 @@ class OmniPlatform(CpuPlatform):
         start of SmolLM2's server on a 2-core EPYC (``python -m harness startup --server
         --enforce-eager``). vLLM's own default elsewhere is ``fork``, which it gives up only when CUDA
         or XPU is initialised, under Ray, NUMA binding or WSL (``_maybe_force_spawn`` in
-        ``vllm/utils/system_utils.py``): none holds for the one engine-core child of this layout,
-        and the front end has run no OpenMP parallel region before it forks (``torch.set_num_threads``
-        only sets the count). The mp layout (several workers) keeps spawn. ``user_set``: the user's
+        ``vllm/utils/system_utils.py``): none holds for the one engine-core child of this layout.
+        What does hold on CPU is GNU OpenMP: a process that forks after running a parallel region
+        leaves the child's thread pool unusable, and the engine core hangs at its first parallel
+        region (the CPU worker's thread binding). A plain ``omni-vllm serve DIR`` runs none before it
+        forks (``torch.set_num_threads`` only sets the count); ``omni-vllm serve FILE.gguf`` converts in
+        the front end and does, and so may a user's own process. Until the front end can tell, the
+        fork is opt-in. The mp layout (several workers) keeps spawn. ``user_set``: the user's
         environment named a start method (:func:`_user_set_at_launch`).
         """
         if user_set:
@@ -220,8 +225,8 @@ class OmniPlatform(CpuPlatform):
         if not envs.OMNI_ENGINE_CORE_FORK:
             return
         if "VLLM_WORKER_MULTIPROC_METHOD" not in _auto_set():
-            logger.info("omni: the OpenAI server forks its engine core (VLLM_WORKER_MULTIPROC_METHOD=fork): no "
-                        "second import of vLLM; OMNI_ENGINE_CORE_FORK=0 keeps vLLM's spawn")
+            logger.info("omni: the OpenAI server forks its engine core (OMNI_ENGINE_CORE_FORK=1, "
+                        "VLLM_WORKER_MULTIPROC_METHOD=fork): no second import of vLLM")
         _mark_auto_set("VLLM_WORKER_MULTIPROC_METHOD", "fork")
 
     @classmethod
