@@ -110,7 +110,7 @@ SETTINGS: dict[str, Setting] = {
             False,
             "1: where the worker runs inside the engine core (omni's small-machine layout), the OpenAI "
             "server forks its engine core instead of spawning it (VLLM_WORKER_MULTIPROC_METHOD=fork), "
-            "so the engine core does not import vLLM a second time (about 6 s of a warm start). Off by "
+            "so the engine core does not import vLLM a second time (docs/startup.md). Off by "
             "default: a front end that ran an OpenMP parallel region before the fork (omni-vllm serve "
             "FILE.gguf converts in it) leaves a forked engine core hanging at its first parallel region. "
             "A VLLM_WORKER_MULTIPROC_METHOD the user set wins.",

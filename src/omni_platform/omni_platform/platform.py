@@ -207,9 +207,10 @@ class OmniPlatform(CpuPlatform):
 
         vLLM's ``CpuPlatform.check_and_update_config`` sets ``VLLM_WORKER_MULTIPROC_METHOD=spawn``
         (``vllm/platforms/cpu.py``, 0.28), so the engine core process starts a new interpreter and
-        imports vLLM, torch and transformers again before it loads a weight: 6.7 s of a 18.1 s warm
-        start of SmolLM2's server on a 2-core EPYC (``python -m harness startup --server
-        --enforce-eager``). vLLM's own default elsewhere is ``fork``, which it gives up only when CUDA
+        imports vLLM, torch and transformers again before it loads a weight: 5.59 s of a 17.87 s warm
+        start of SmolLM2's server on a 2-core EPYC, 11.85 s forked (``python -m harness startup --server``;
+        ``harness/results/startup_smollm2-135m-int4_server_warm{_spawn,}-*.json``, docs/startup.md).
+        vLLM's own default elsewhere is ``fork``, which it gives up only when CUDA
         or XPU is initialised, under Ray, NUMA binding or WSL (``_maybe_force_spawn`` in
         ``vllm/utils/system_utils.py``): none holds for the one engine-core child of this layout.
         What does hold on CPU is GNU OpenMP: a process that forks after running a parallel region
