@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-__all__ = ["measure_server"]
+__all__ = ["measure_server", "serve_command"]
 
 MiB = 1 << 20
 
@@ -61,6 +61,16 @@ def _stream(base: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[li
     return times, tokens
 
 
+def serve_command(model: str, port: int, args: Any) -> list[str]:
+    """``omni-vllm serve`` of ``model`` on 127.0.0.1:``port`` as model ``m``, with the harness's engine recipe
+    from ``args`` (``harness.arms.vllm``'s options); the server arm and the start-up profile launch the same."""
+    from harness.models.recipe import EngineRecipe
+
+    return [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
+            "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
+            *EngineRecipe.from_args(model, args).serve_args()]
+
+
 def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) -> tuple[dict, dict]:
     """Run the server measurements; return ``(metrics, provenance)``.
 
@@ -77,11 +87,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    from harness.models.recipe import EngineRecipe
-
-    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
-           *EngineRecipe.from_args(model, args).serve_args()]
+    cmd = serve_command(model, port, args)
     greedy = {"model": "m", "temperature": 0.0, "ignore_eos": True}
     log.parent.mkdir(parents=True, exist_ok=True)
     launched = time.perf_counter()

@@ -102,15 +102,12 @@ def _run_server(model: str, args: argparse.Namespace, env: dict[str, str], log: 
     import urllib.error
     import urllib.request
 
-    from harness.arms.server import _stream
-    from harness.models.recipe import EngineRecipe
+    from harness.arms.server import _stream, serve_command
     from harness.server_process import free_port, stop_group
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", model, "--served-model-name", "m",
-           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
-           *EngineRecipe.from_args(model, args).serve_args()]
+    cmd = serve_command(model, port, args)
     ctimes: dict[int, float] = {}
     with open(log, "w") as f:
         launched, ctimes[0] = time.perf_counter(), time.time()
