@@ -97,6 +97,14 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
     assert "Directly load AOT compilation" in on.log
     assert "Compiling model again" not in on.log
     assert on["token_ids"] == off1["token_ids"] == off2["token_ids"]
+    # the small warm-up: only where the artifact will be loaded (not cold, not with the load patch off)
+    small = "warming up the compiled model from its AOT artifact with"
+    assert small in on.log and "was not loaded" not in on.log
+    assert small not in off1.log and small not in off2.log
+    full = start(tmp_path / "cache", OMNI_PATCH_SMALL_WARMUP_OFF="1")  # its switch: vLLM's full warm-up
+    assert "Directly load AOT compilation" in full.log and small not in full.log
+    assert "_patch_cpu_small_warmup switched off" in full.log
+    assert full["token_ids"] == on["token_ids"]
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")

@@ -45,9 +45,11 @@ MARKERS: tuple[tuple[str, str], ...] = (
     ("process_weights_after_loading and the release of load memory", r"Loading weights took"),
     ("KV cache budget and profile run", r"for KV cache on node"),
     ("torch.compile (Dynamo trace, AOT load or Inductor compile)",
-     r"Warming up model for the compilation|Dynamo bytecode transform|Directly load the compiled|"
-     r"Compiling a graph for"),
-    ("compiled warm-up runs", r"Warming up done|torch\.compile takes"),
+     r"Warming up model for the compilation|omni-patches: warming up the compiled model|"
+     r"Dynamo bytecode transform|Compiling a graph for"),
+    ("compiled warm-up runs (the dummy forward and sampler pass)",
+     r"Directly load AOT compilation|Directly load the compiled|torch\.compile takes"),
+    ("after the warm-up (vLLM's gc.collect, the release of memory)", r"Warming up done"),
     ("KV cache allocation", r"GPU KV cache size"),
     ("engine ready; the front end's tokenizer, chat template and API routes",
      r"init engine \(profile, create kv cache, warmup model\) took"),

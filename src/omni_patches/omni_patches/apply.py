@@ -38,8 +38,7 @@ def _inspect(patch: Patch) -> tuple[list, PatchStatus]:
             found, match = False, False
             details.append(str(e))
             continue
-        func = getattr(value, "__func__", value)
-        if getattr(func, MARKER, None) == patch.name:  # already ours
+        if _carries(value, patch.name):  # already ours (possibly wrapped by a later patch of the same target)
             resolved.append((owner, attr, value, True))
             continue
         try:
@@ -55,6 +54,16 @@ def _inspect(patch: Patch) -> tuple[list, PatchStatus]:
         resolved.append((owner, attr, value, False))
     applied = patch.name in applied_patches()
     return resolved, PatchStatus(patch.name, enabled, found, match, applied, "; ".join(details))
+
+
+def _carries(value, name: str) -> bool:
+    """Whether ``value`` or a function it wraps (the ``__wrapped__`` chain) is the replacement of patch ``name``."""
+    func = getattr(value, "__func__", value)
+    while func is not None:
+        if getattr(func, MARKER, None) == name:
+            return True
+        func = getattr(func, "__wrapped__", None)
+    return False
 
 
 def status() -> list[PatchStatus]:
@@ -89,8 +98,12 @@ def _restore(undo: list) -> list[str]:
 
 
 def _replace(patch: Patch, resolved: list, undo: list) -> None:
-    """Run ``patch.make`` on the originals and set each replacement; every setattr is recorded in ``undo``."""
-    replacements = list(patch.make(*[value for _, _, value, _ in resolved]))
+    """Run ``patch.make`` on the targets as they are now and set each replacement (recorded in ``undo``).
+
+    "As they are now": a target an earlier patch of this call replaced is passed with that replacement,
+    so two patches of one target compose (the later wraps the earlier) instead of the later dropping it.
+    """
+    replacements = list(patch.make(*[getattr(owner, attr) for owner, attr, _, _ in resolved]))
     if len(replacements) != len(resolved):
         raise PatchRefused(f"omni-patches: refusing {patch.name}: make() returned {len(replacements)} "
                            f"replacement(s) for {len(resolved)} target(s) ({', '.join(patch.targets)})")
