@@ -97,3 +97,24 @@ def test_the_gguf_cache_is_keyed_by_the_converter_version_too(tmp_path):
         (tmp_path / "cache" / name / "config.json").write_text("{}")
     out = gguf_cache.cached_conversion(gguf, tmp_path / "cache")
     assert out.name == f"m-{digest[:16]}-c{CONVERTER_VERSION.rsplit('/', 1)[-1]}"
+
+
+def test_a_files_digest_is_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    """A warm ``serve FILE.gguf`` does not read the whole file again: the digest is kept by the file's identity
+    (device, inode, size, mtime); a rewritten file is read again."""
+    import os
+
+    from omni_quant import gguf_cache
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    reads = []
+    real = gguf_cache._sha256
+    monkeypatch.setattr(gguf_cache, "_sha256", lambda p: reads.append(p) or real(p))
+    first = gguf_cache.file_digest(gguf, tmp_path / "cache")
+    assert gguf_cache.file_digest(gguf, tmp_path / "cache") == first and len(reads) == 1
+    gguf.write_bytes(b"GGUF" + bytes(61))
+    os.utime(gguf, ns=(1, 1))
+    assert gguf_cache.file_digest(gguf, tmp_path / "cache") == real(gguf) != first and len(reads) == 2
+    (tmp_path / "cache" / "digests.json").write_text("not json")  # a damaged index costs only a read
+    assert gguf_cache.file_digest(gguf, tmp_path / "cache") == real(gguf) and len(reads) == 3

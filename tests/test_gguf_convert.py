@@ -180,7 +180,10 @@ def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smoll
         assert reply.strip(), "a chat reply"
         print(f"chat reply from {smollm2_gguf.name}: {reply!r}")
         logs.append(log.read_text())
-    assert "converting" in logs[0] and "to cpu_int4 once" in logs[0]
+    assert "converting" in logs[0] and "to cpu_int4 once" in logs[0] and "converted to cpu_int4 in" in logs[0]
+    # the conversion ran in a child interpreter, so the front end could fork its engine core (the default):
+    # a front end that had run OpenMP itself would leave the forked engine core hanging before its first token
+    assert "forks its engine core" in logs[0]
     assert "is served from its cpu_int4 conversion" in logs[1] and "to cpu_int4 once" not in logs[1]
 
 

@@ -93,7 +93,7 @@ def _kill_tree(pids: list[int]) -> None:
 @pytest.mark.parametrize("fork", [False, True], ids=["spawned", "forked"])
 def test_c13_sigkill_of_the_server_leaves_no_process_and_the_port_restarts(int4_model_dir, tmp_path, fork):
     """Idle, then while streaming: kill -9 of `omni-vllm serve`; its engine core is gone within 20 s, spawned
-    (the default) or forked (OMNI_ENGINE_CORE_FORK=1: the watchdog follows the fork).
+    (OMNI_ENGINE_CORE_FORK=0) or forked (the default: the watchdog follows the fork).
     The second server listens on the port of the first one killed: nothing held it."""
     port = free_port()
     log = tmp_path / "server.log"

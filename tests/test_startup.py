@@ -74,16 +74,24 @@ def test_a_warm_start_is_profiled_by_phase_on_the_real_model(layout, tmp_path):
     assert art["provenance"]["cpu_flags"]
 
 
-@pytest.mark.parametrize(("env", "user_set", "want"), [
-    ({}, False, "spawn"),                                        # the default: vLLM's spawn
-    ({"OMNI_ENGINE_CORE_FORK": "1"}, False, "fork"),             # asked for: forked, no second import
-    ({"OMNI_ENGINE_CORE_FORK": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, True, "spawn"),  # the user's wins
+SERVE = ["/venv/bin/omni-vllm", "serve", "model"]
+
+
+@pytest.mark.parametrize(("argv", "env", "user_set", "want"), [
+    (SERVE, {}, False, "fork"),                                          # the server's default: forked
+    (["/venv/bin/vllm", "serve", "m"], {}, False, "fork"),              # vLLM's own command too
+    (["/x/vllm/entrypoints/openai/api_server.py", "--model", "m"], {}, False, "fork"),
+    (SERVE, {"OMNI_ENGINE_CORE_FORK": "0"}, False, "spawn"),            # the switch: vLLM's spawn
+    (SERVE, {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, True, "spawn"),  # the user's choice wins
+    (["my_app.py"], {}, False, "spawn"),           # a user's own process that builds an engine: never forked
+    (["/venv/bin/omni-vllm", "bench", "serve"], {}, False, "spawn"),
 ])
-def test_the_server_forks_its_engine_core_when_asked(monkeypatch, env, user_set, want):
+def test_the_command_line_server_forks_its_engine_core(monkeypatch, argv, env, user_set, want):
     import vllm.config  # noqa: F401 - vLLM's platforms imported first, as when vLLM loads the plugin
 
     from omni_platform.platform import OmniPlatform
 
+    monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")  # what CpuPlatform just set
     monkeypatch.setenv("OMNI_AUTO_SET", "")
     monkeypatch.delenv("OMNI_ENGINE_CORE_FORK", raising=False)

@@ -107,13 +107,13 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "OMNI_ENGINE_CORE_FORK",
             _bool,
-            False,
+            True,
             "1: where the worker runs inside the engine core (omni's small-machine layout), the OpenAI "
-            "server forks its engine core instead of spawning it (VLLM_WORKER_MULTIPROC_METHOD=fork), "
-            "so the engine core does not import vLLM a second time (docs/startup.md). Off by "
-            "default: a front end that ran an OpenMP parallel region before the fork (omni-vllm serve "
-            "FILE.gguf converts in it) leaves a forked engine core hanging at its first parallel region. "
-            "A VLLM_WORKER_MULTIPROC_METHOD the user set wins.",
+            "server started from the command line (vllm serve, omni-vllm serve) forks its engine core "
+            "instead of spawning it (VLLM_WORKER_MULTIPROC_METHOD=fork), so the engine core does not "
+            "import vLLM a second time (docs/startup.md). Only there: another process that builds an "
+            "engine may have run an OpenMP parallel region, after which a forked child hangs at its "
+            "first one. 0: vLLM's spawn. A VLLM_WORKER_MULTIPROC_METHOD the user set wins.",
         ),
         Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",

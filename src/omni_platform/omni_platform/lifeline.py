@@ -65,7 +65,7 @@ def watch_parent(period_s: float = PERIOD_S, grace_s: float = GRACE_S) -> bool:
     A forked child does not load omni's plugins again (they are already imported), so the watchdog
     is registered with ``multiprocessing.util.register_after_fork``: ``BaseProcess._bootstrap`` runs
     it in the child after setting its parent process (CPython 3.11 ``multiprocessing/process.py``).
-    OmniPlatform forks the server's engine core when ``OMNI_ENGINE_CORE_FORK=1``.
+    OmniPlatform forks the server's engine core by default (``OMNI_ENGINE_CORE_FORK``).
 
     Returns:
         True when a watchdog runs in this process (started now or before), False for a process

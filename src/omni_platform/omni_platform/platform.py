@@ -25,6 +25,7 @@ value chosen and why:
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from vllm.logger import init_logger
@@ -68,6 +69,16 @@ def _user_set_at_launch(name: str) -> bool:
     except OSError:
         return _user_set(name)
     return name in launch and name not in _auto_set()
+
+
+def _launched_as_openai_server() -> bool:
+    """Whether this process is vLLM's OpenAI server started from the command line: ``vllm serve`` or
+    ``omni-vllm serve`` (``sys.argv[0]`` named ``vllm``/``omni-vllm``, or vLLM's CLI module, with
+    ``serve`` first), or ``python -m vllm.entrypoints.openai.api_server``."""
+    argv = sys.argv or [""]
+    first = argv[0].replace(os.sep, "/")
+    cli = os.path.basename(first) in ("vllm", "omni-vllm") or first.endswith("vllm/entrypoints/cli/main.py")
+    return (cli and len(argv) > 1 and argv[1] == "serve") or first.endswith("vllm/entrypoints/openai/api_server.py")
 
 
 def _mark_auto_set(name: str, value: str) -> None:
@@ -215,19 +226,21 @@ class OmniPlatform(CpuPlatform):
         ``vllm/utils/system_utils.py``): none holds for the one engine-core child of this layout.
         What does hold on CPU is GNU OpenMP: a process that forks after running a parallel region
         leaves the child's thread pool unusable, and the engine core hangs at its first parallel
-        region (the CPU worker's thread binding). A plain ``omni-vllm serve DIR`` runs none before it
-        forks (``torch.set_num_threads`` only sets the count); ``omni-vllm serve FILE.gguf`` converts in
-        the front end and does, and so may a user's own process. Until the front end can tell, the
-        fork is opt-in. The mp layout (several workers) keeps spawn. ``user_set``: the user's
-        environment named a start method (:func:`_user_set_at_launch`).
+        region (the CPU worker's thread binding). The server's front end started from the command
+        line runs none before it forks: vLLM's CLI and omni's hooks run no torch op there
+        (``torch.set_num_threads`` only sets the count), and ``omni-vllm serve FILE.gguf`` converts in
+        a child interpreter (``omni_quant.gguf_cache``). So the fork is the default there and only
+        there (:func:`_launched_as_openai_server`): a user's own process that builds an engine may have
+        run one. The mp layout (several workers) keeps spawn. ``user_set``: the user's environment named
+        a start method (:func:`_user_set_at_launch`).
         """
         if user_set:
             return
-        if not envs.OMNI_ENGINE_CORE_FORK:
+        if not envs.OMNI_ENGINE_CORE_FORK or not _launched_as_openai_server():
             return
         if "VLLM_WORKER_MULTIPROC_METHOD" not in _auto_set():
-            logger.info("omni: the OpenAI server forks its engine core (OMNI_ENGINE_CORE_FORK=1, "
-                        "VLLM_WORKER_MULTIPROC_METHOD=fork): no second import of vLLM")
+            logger.info("omni: the OpenAI server forks its engine core (VLLM_WORKER_MULTIPROC_METHOD=fork): "
+                        "no second import of vLLM; OMNI_ENGINE_CORE_FORK=0 spawns it as vLLM does")
         _mark_auto_set("VLLM_WORKER_MULTIPROC_METHOD", "fork")
 
     @classmethod

@@ -1,15 +1,27 @@
 """A GGUF file served as it is: converted once (:mod:`omni_quant.gguf_convert`) into a cache keyed by
 the file's sha256 and the converter's version, reused while both are unchanged (``omni-vllm serve
 FILE.gguf``): a new omni-quant whose converter writes a better checkpoint (the 4-bit input embedding of
-``omni-quant-convert/6``) converts the file again instead of serving the old conversion."""
+``omni-quant-convert/6``) converts the file again instead of serving the old conversion.
+
+The conversion runs in a child interpreter (``python -m omni_quant.cli convert``), not in the server's
+front end: a front end that ran torch's OpenMP threads could not fork its engine core (GNU OpenMP's
+thread pool does not survive a fork; omni-platform forks the server's engine core by default). A file's
+digest is remembered by its identity (device, inode, size, modification time) in ``digests.json`` beside
+the conversions, so a warm start does not read the whole file again (about 1 s for a 1.1 GB GGUF).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-__all__ = ["cached_conversion", "resolve_model"]
+__all__ = ["cached_conversion", "file_digest", "resolve_model"]
 
 logger = logging.getLogger("vllm.omni_quant.gguf")
 
@@ -20,6 +32,67 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(16 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _identity(path: Path) -> str:
+    st = path.stat()
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def file_digest(path: Path, root: Path) -> str:
+    """sha256 (hex) of ``path``, read from ``root/digests.json`` while the file's identity is unchanged.
+
+    The identity is (device, inode, size, modification time in ns): a file rewritten in place or replaced
+    gets a new one and is read again. The index is written atomically (a temporary file, then rename);
+    an unreadable or unwritable index only costs the read. Raises ``OSError`` if ``path`` cannot be read.
+    """
+    index_path = root / "digests.json"
+    key, ident = str(path.resolve()), _identity(path)
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    entry = index.get(key) if isinstance(index, dict) else None
+    if isinstance(entry, dict) and entry.get("identity") == ident and isinstance(entry.get("sha256"), str):
+        return entry["sha256"]
+    digest = _sha256(path)
+    if not isinstance(index, dict):
+        index = {}
+    index[key] = {"identity": ident, "sha256": digest}
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = index_path.with_name(f".digests.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(index, indent=1))
+        os.replace(tmp, index_path)
+    except OSError as e:
+        logger.warning("omni: the digest of %s is not remembered (%s): the next start reads the file again", path, e)
+    return digest
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (``prctl(PR_SET_PDEATHSIG)``), so a killed
+    server leaves no conversion running; omni-quant's CLI removes its partial output on SIGTERM."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _convert_in_child(gguf: Path, out: Path) -> None:
+    """``python -m omni_quant.cli convert GGUF OUT`` in a child interpreter (the same one as this process).
+
+    Raises:
+        omni_quant.convert.ConversionError: the child failed; its error line (or its output's end) is the message.
+    """
+    from omni_quant.convert import ConversionError
+
+    proc = subprocess.run([sys.executable, "-m", "omni_quant.cli", "convert", str(gguf), str(out)],
+                          capture_output=True, text=True, check=False, preexec_fn=_die_with_parent)
+    if proc.returncode != 0:
+        errors = [ln.removeprefix("omni-quant: error: ") for ln in proc.stderr.splitlines()
+                  if ln.startswith("omni-quant: error: ")]
+        raise ConversionError(errors[-1] if errors else
+                              f"the conversion of {gguf} failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
 
 
 def cache_root() -> Path:
@@ -38,17 +111,19 @@ def cached_conversion(gguf: Path, root: Path | None = None) -> Path:
         omni_quant.convert.ConversionError: the file cannot be converted.
     """
     from omni_quant.convert import CONVERTER_VERSION
-    from omni_quant.gguf_convert import convert_gguf
 
-    digest = _sha256(gguf)
+    root = root or cache_root()
+    digest = file_digest(gguf, root)
     version = CONVERTER_VERSION.rsplit("/", 1)[-1]
-    out = (root or cache_root()) / f"{gguf.stem}-{digest[:16]}-c{version}"
+    out = root / f"{gguf.stem}-{digest[:16]}-c{version}"
     if (out / "config.json").is_file():
         logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16], out)
         return out
-    logger.info("omni: converting %s (sha256 %s...) to cpu_int4 once, into %s", gguf, digest[:16], out)
-    convert_gguf(gguf, out)
-    logger.info("omni: %s converted; serving %s", gguf, out)
+    logger.info("omni: converting %s (sha256 %s...) to cpu_int4 once, into %s; this first start also writes "
+                "the weights' layout file and the compiled graph, which later starts reuse", gguf, digest[:16], out)
+    started = time.monotonic()
+    _convert_in_child(gguf, out)
+    logger.info("omni: %s converted to cpu_int4 in %.1f s; serving %s", gguf, time.monotonic() - started, out)
     return out
 
 
