@@ -36,7 +36,7 @@ def test_the_pool_is_filled_in_the_background_or_on_demand(tokenizer, monkeypatc
     want_text = tokenizer.decode(want_ids)
     import copy
 
-    pooled = _patched()(copy.copy(tokenizer), 2)
+    pooled = _patched()(copy.copy(tokenizer), 2)  # no event loop here: the env var decides
     found = pool_of(pooled)
     assert found is not None, "vLLM's pooled class, its pool found in the closure"
     pool, _ = found
@@ -82,3 +82,18 @@ print(json.dumps({{"marker": getattr(r.maybe_make_thread_pool, MARKER, None), "s
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out == {"marker": None, "size": 2}
+
+
+def test_inside_a_running_event_loop_the_engine_core_is_elsewhere(monkeypatch):
+    """The OpenAI server builds its AsyncLLM (an engine core client) inside its event loop, where omni's layout
+    leaves VLLM_ENABLE_V1_MULTIPROCESSING=0: the copies are still made in the background there."""
+    import asyncio
+
+    from omni_patches.patches.tokenizer_pool import _engine_core_elsewhere
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+    async def inside():
+        return _engine_core_elsewhere()
+
+    assert asyncio.run(inside()) is True and _engine_core_elsewhere() is False

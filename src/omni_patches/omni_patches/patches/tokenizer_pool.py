@@ -12,7 +12,8 @@ The replacement calls the original with no copies, so the renderer is ready at o
 engine core is a process of its own (the OpenAI server: its front end only waits while the engine
 core starts) it makes the ``copies`` deep copies in a daemon thread (``omni-tokenizer-pool``),
 adding each to the same pool as it is done. Where the engine runs in this process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``, omni's ``vllm.LLM`` layout) a background copy would hold the
+(omni's ``vllm.LLM`` layout: no running event loop,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``) a background copy would hold the
 GIL the engine's start needs (measured: the seconds moved into the engine's init), so no copy is
 made ahead: a borrower does what upstream's borrower does when the pool is empty, makes a copy of
 its own and returns it to the pool (the chat template warm-up makes the first, one copy instead of
@@ -56,6 +57,21 @@ def pool_of(tokenizer):
     return cells["tokenizer_pool"].cell_contents, cells["og_tokenizer"].cell_contents
 
 
+def _engine_core_elsewhere() -> bool:
+    """Whether this renderer's engine core is another process: an ``AsyncLLM`` (always a client of an engine
+    core process; it is built inside a running event loop, the OpenAI server's) or an ``LLMEngine`` with
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` (omni's ``vllm.LLM`` layout sets 0)."""
+    import asyncio
+
+    import vllm.envs as vllm_envs
+
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return bool(vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING)
+
+
 def _fill(pool, template, copies: int) -> None:
     try:
         for _ in range(copies):
@@ -71,9 +87,7 @@ def _make(maybe_make_thread_pool):
         found = pool_of(pooled) if copies > 0 else None
         if found is None:  # nothing pooled, or a shape this patch does not know: borrowers copy on demand
             return pooled
-        import vllm.envs as vllm_envs
-
-        if not vllm_envs.VLLM_ENABLE_V1_MULTIPROCESSING:  # the engine runs in this process: no idle time
+        if not _engine_core_elsewhere():  # the engine runs in this process: no idle time
             logger.info("omni-patches: the renderer's tokenizer copies are made when first borrowed (the engine "
                         "core runs in this process; OMNI_PATCH_TOKENIZER_POOL_OFF=1 makes %d before start-up goes on)",
                         copies)
