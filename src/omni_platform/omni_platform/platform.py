@@ -153,6 +153,7 @@ class OmniPlatform(CpuPlatform):
             cls._configure_in_process_threads()
             cls._configure_engine_core_start(user_start_method)
         cls._configure_kv_cache(vllm_config, explicit_kv, kv_space_env)
+        cls._configure_attention_kv_split()
         if envs.OMNI_CPU_ATTN_ONE_OP and isinstance(vllm_config.additional_config, dict):
             # The compiled graph differs (no unified_kv_cache_update op): key the compile cache by it.
             vllm_config.additional_config["omni_cpu_attn_one_op"] = True
@@ -242,6 +243,31 @@ class OmniPlatform(CpuPlatform):
             logger.info("omni: the OpenAI server forks its engine core (VLLM_WORKER_MULTIPROC_METHOD=fork): "
                         "no second import of vLLM; OMNI_ENGINE_CORE_FORK=0 spawns it as vLLM does")
         _mark_auto_set("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+
+    @classmethod
+    def _configure_attention_kv_split(cls) -> None:
+        """``VLLM_CPU_ATTN_SPLIT_KV=0`` unless the user set it: a request's attention is computed the same
+        way whatever else is in the step, so greedy output does not depend on the batch or on speculation.
+
+        vLLM's CPU attention (``vllm/v1/attention/backends/cpu_attn.py``, 0.28) builds its work items with
+        ``enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV`` (default 1): when a step has fewer requests than
+        threads it splits one sequence's KV among threads and merges their partial softmax sums, so the
+        order of the float sums, and at a near-tie the greedy token, depends on how many requests share the
+        step. On SmolLM2 int4 (eager, 200 greedy tokens, a one-off run) the split made several of 16
+        concurrent requests differ from the same request alone, and ngram speculation change outputs;
+        with it off none did (issue 33; ``tests/test_batch_invariance.py`` holds the second half). The cost
+        is attention on one thread per sequence when fewer sequences than threads run (docs/speculation.md
+        measures it).
+        """
+        name = "VLLM_CPU_ATTN_SPLIT_KV"
+        if _user_set(name):
+            logger.info("omni: %s=%s left to the user", name, os.environ[name])
+            return
+        if name not in _auto_set():
+            logger.info("omni: %s=0: a request's attention does not depend on the other requests of its step "
+                        "(greedy output equal alone, batched and with speculation); %s=1 restores vLLM's split",
+                        name, name)
+        _mark_auto_set(name, "0")
 
     @classmethod
     def _configure_thread_binding(cls, vllm_config: VllmConfig) -> None:
