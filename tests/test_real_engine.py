@@ -109,8 +109,10 @@ def same_settings():
     return dict(
         # OMNI_IR_CPU_NORMS=0: omni's C++ norms (on by default in eager mode) round differently
         # from vLLM's native ones; they are checked against them in test_ir_kernels.
+        # VLLM_CPU_ATTN_SPLIT_KV=0: omni's default (batch-invariant attention), set for stock vLLM too,
+        # whose default splits a sequence's KV among threads and sums in another order.
         env=dict(VLLM_CPU_OMP_THREADS_BIND=",".join(map(str, sorted(os.sched_getaffinity(0)))),
-                 VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMNI_IR_CPU_NORMS="0"),
+                 VLLM_CPU_NUM_OF_RESERVED_CPU="0", OMNI_IR_CPU_NORMS="0", VLLM_CPU_ATTN_SPLIT_KV="0"),
         llm=dict(enforce_eager=True, kv_cache_memory_bytes=256 * MiB, max_model_len=512, seed=0),
     )
 

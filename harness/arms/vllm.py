@@ -11,7 +11,8 @@ Metrics (units in harness/grid/metrics.py):
   and generates one (pp512 with the default).
 - ``tg_tps``: ``gen_len - 1`` / (T(gen_len) - T(1)) for one stream after a
   ``context_len``-token prompt, greedy, ignore_eos: the decode rate with the prefill
-  and first token subtracted (tg128 with the default).
+  and first token subtracted (tg128 with the default). The two requests have different contexts of
+  the same length, so neither reuses the other's prefix cache.
 - ``agg_tg_tps``: ``concurrency`` x ``gen_len`` / seconds, ``concurrency`` streams at once.
 - ``start_cold_s`` or ``start_warm_s``: seconds from this process's launch to the first
   token of the first (one-token) request; cold when ``VLLM_CACHE_ROOT`` held no compile
@@ -125,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
 
     timed([_prompt(8, 99)], 4)  # warm-up request, not measured
     pp_s = timed([_prompt(args.prompt_len, 1)], 1)
-    ctx = _prompt(args.context_len, 2)
-    t_one = timed([ctx], 1)
-    t_gen = timed([ctx], args.gen_len)
+    # two different contexts of the same length: with the same one, the second request would find the first's
+    # full KV blocks in vLLM's prefix cache, skip their prefill and make T(gen_len) - T(1) meaningless
+    # (negative from a 1024-token context on); shorter than one block (128) nothing is cached either way
+    t_one = timed([_prompt(args.context_len, 2)], 1)
+    t_gen = timed([_prompt(args.context_len, 5)], args.gen_len)
     agg_s = timed([_prompt(args.context_len, 10 + i) for i in range(args.concurrency)], args.gen_len)
     if not args.no_full_request:
         timed([_prompt(args.max_model_len - 1, 3)], 1)
