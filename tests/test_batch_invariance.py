@@ -5,7 +5,7 @@ threads (``VLLM_CPU_ATTN_SPLIT_KV``, vLLM's default 1): the float sums then depe
 other requests, and near-ties flip greedy tokens. OmniPlatform sets it to 0 (``_configure_attention_kv_split``).
 On the real SmolLM2 int4, eager, in one probe process: sixteen concurrent greedy requests with
 ``max_num_seqs`` 16 equal each request alone, with ample KV and with a KV budget for about six
-sequences (preemption); ngram speculation gives the tokens of the plain run.
+sequences (preemption), 200 tokens each (C26); ngram speculation with k=4 gives the tokens of the plain run (C24).
 """
 
 import os
@@ -25,7 +25,7 @@ PROMPTS = ["Once upon a time", "The three primary colors are", "def fibonacci(n)
 SPEC_PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
                 "# the same function, with a comment on every line:\n",
                 "Once upon a time", "List the numbers from 1 to 40, separated by commas: 1, 2, 3,"]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}  # C24: k=4
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +34,11 @@ def runs(int4_model_dir):
         return {"model": str(int4_model_dir), "enforce_eager": True, "max_model_len": 512, **kw}
 
     config = {"runs": [
-        {"llm": llm(max_num_seqs=16, kv_cache_memory_bytes=256 * MiB), "prompts": PROMPTS, "max_tokens": 128,
+        {"llm": llm(max_num_seqs=16, kv_cache_memory_bytes=256 * MiB), "prompts": PROMPTS, "max_tokens": 200,
          "also_alone": True},
-        # 2 blocks a sequence (prompt + 128 tokens < 256): twelve blocks hold about six of the sixteen
+        # 2 blocks a sequence (prompt + 200 tokens < 256): twelve blocks hold about six of the sixteen
         {"llm": llm(max_num_seqs=16, kv_cache_memory_bytes=12 * SMOLLM2_BLOCK), "prompts": PROMPTS,
-         "max_tokens": 128},
+         "max_tokens": 200},
         {"llm": llm(max_num_seqs=4, kv_cache_memory_bytes=256 * MiB), "prompts": SPEC_PROMPTS, "max_tokens": 128},
         {"llm": llm(max_num_seqs=4, kv_cache_memory_bytes=256 * MiB, speculative_config=NGRAM),
          "prompts": SPEC_PROMPTS, "max_tokens": 128, "also_alone": True},
@@ -66,7 +66,7 @@ def test_c26_with_preemption_too(runs):
 
 
 @pytest.mark.engine
-def test_ngram_speculation_gives_the_tokens_of_the_plain_run(runs):
+def test_c24_ngram_speculation_gives_the_tokens_of_the_plain_run(runs):
     plain, spec = runs["runs"][2], runs["runs"][3]
     assert "ngram" in runs.log.lower()
     assert _first_differences(spec["token_ids"], plain["token_ids"]) == {}
