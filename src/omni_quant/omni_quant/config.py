@@ -259,7 +259,28 @@ class CpuInt4Config(QuantizationConfig):
             return CpuInt4EmbeddingMethod("super_blocks", prefix=module)
         return CpuInt4EmbeddingMethod("groups", int(self.group_size_per_module.get(module, self.group_size)), module)
 
+    def checkpoint_prefix(self, prefix: str) -> str:
+        """vLLM's layer ``prefix`` as the checkpoint names it: the longest tail of its dotted name that
+        the converter recorded (directly or, for a fused layer, through its members), else ``prefix``.
+
+        A draft model for speculative decoding is built under an extra leading name (vLLM 0.28,
+        ``vllm/v1/spec_decode/draft_model.py``: ``get_model(..., prefix="draft_model")``), so its layers
+        arrive as ``draft_model.model.layers.0.mlp.down_proj`` while its own checkpoint records
+        ``model.layers.0.mlp.down_proj``: without this, its super-block layers got per-group tensors."""
+        known = set(self.group_size_per_module) | set(self.bits_per_module) | self.super_block_modules
+        if not known or prefix in known:
+            return prefix
+        parts = prefix.split(".")
+        members = self.packed_modules_mapping.get(parts[-1], ())
+        for i in range(1, len(parts)):
+            tail = ".".join(parts[i:])
+            head = tail[: len(tail) - len(parts[-1])]
+            if tail in known or any(head + m in known for m in members):
+                return tail
+        return prefix
+
     def get_quant_method(self, layer: torch.nn.Module, prefix: str):
+        prefix = self.checkpoint_prefix(prefix)
         # ParallelLMHead first: it is a VocabParallelEmbedding too
         if isinstance(layer, ParallelLMHead):
             return None if self._skipped(prefix) else self._method(prefix)
