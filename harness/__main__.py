@@ -28,6 +28,8 @@ COMMANDS = {
     "run-vllm": "harness.arms.vllm",
     "run-llamacpp": "harness.arms.llamacpp",
     "run-openvino": "harness.arms.openvino",
+    "run-spec": "harness.arms.speculate",
+    "run-llama-server": "harness.arms.llama_server",
 }
 
 

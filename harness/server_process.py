@@ -45,7 +45,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) 
     while time.monotonic() - start < timeout_s:
         if proc.poll() is not None:
             raise RuntimeError(
-                f"the vLLM server exited with status {proc.returncode} before it was ready; "
+                f"the server exited with status {proc.returncode} before it was ready; "
                 f"last lines of {log}:\n{log_tail(log)}"
             )
         try:
@@ -55,7 +55,7 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout_s: float, log: Path) 
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"the vLLM server was not healthy after {timeout_s:.0f} s; see {log}:\n{log_tail(log)}")
+    raise RuntimeError(f"the server was not healthy after {timeout_s:.0f} s; see {log}:\n{log_tail(log)}")
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 30.0) -> None:

@@ -56,7 +56,8 @@ HARNESS_ALLOWED = {
     "models": {"root", "models"},                       # the real models, the engine recipe, fidelity
     "memory": {"root", "models", "memory"},             # tree memory, the ledger, the step profile
     "kernels": {"root", "models", "memory", "kernels"},  # kernel matrix, page bench
-    "arms": {"root", "models", "memory", "arms"},       # one runner per engine or peer
+    "arms": {"root", "models", "memory", "arms", "workloads"},  # one runner per engine or peer
+    "workloads": {"root", "workloads"},                 # speculation workloads: prompts from installed sources
     "grid": {"root", "grid"},                           # passes, judge, metrics, guard: arms run as commands
     "artifacts": {"root", "grid", "artifacts"},         # results, plots, docs tables: re-judged from the grid
     "demo": {"root", "models", "arms"},

@@ -3,7 +3,9 @@
     python -m harness bench --spec ARMS.json --passes N --metric NAME[,NAME...]
         --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy] [--allow-dirty]
 
-A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}``; ``command``
+A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}`` (optionally
+``"same_outputs"``: groups of arms whose greedy outputs must equal a reference arm's,
+``harness/grid/outputs.py``, recorded as the artifact's ``same_outputs``); ``command``
 is a list (or a string split like a shell would), where ``{python}`` stands for this
 interpreter and ``{repo}`` for the repository. Each arm prints one JSON object on its
 last stdout line. The first ``--metric`` is the one ranked.
@@ -35,6 +37,7 @@ from harness import REPO, provenance
 from harness.grid import guard
 from harness.grid.judge import judge_runs
 from harness.grid.metrics import UnknownMetricError, get_metric
+from harness.grid.outputs import OUTPUTS_DIFFER, compare_outputs
 from harness.grid.runner import PassResult, run_pass
 
 __all__ = ["FORMAT_VERSION", "arm_provenance_gaps", "check_expectations", "fail_incomplete_passes", "main", "rotation",
@@ -326,6 +329,10 @@ def _artifact(args, spec, metric_names, findings, labels, runs, prov) -> dict[st
         labels.append(f"ARM PROVENANCE INCOMPLETE: {tag} does not report {', '.join(keys)}")
     if args.check:
         artifact["check"] = check_expectations(summary, json.loads(args.check.read_text()))
+    if spec.get("same_outputs"):
+        artifact["same_outputs"] = compare_outputs(artifact["runs"], spec["same_outputs"])
+        if not artifact["same_outputs"]["equal"]:
+            labels.append(f"{OUTPUTS_DIFFER}: see same_outputs")
     return artifact
 
 

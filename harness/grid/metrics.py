@@ -110,6 +110,16 @@ _ALL = [
            "launch to first token, the arm's cache empty (its first start in the run)", _PHASES, one_of="start"),
     Metric("start_warm_s", Direction.LOWER, "s", 10.0, False,
            "launch to first token, the arm's cache filled by an earlier start", _PHASES, one_of="start"),
+    *[m for w in ("edit", "qa", "prose") for m in (
+        Metric(f"tg_{w}_tps", Direction.HIGHER, "tok/s", 5.0, False,
+               f"decode tokens per second from the first generated token, the {w} workload of "
+               "harness/workloads/prompts.py, batch 1, greedy (speculation's gain or loss)"),
+        Metric(f"accept_{w}", Direction.HIGHER, "ratio", 5.0, False,
+               f"accepted / proposed draft tokens over the {w} workload (vLLM's spec_decode counters; "
+               "llama-server's draft_n_accepted / draft_n)", "more passes", positive=False),
+        Metric(f"accepted_len_{w}", Direction.HIGHER, "tok/step", 5.0, False,
+               f"tokens a verify step emits on average over the {w} workload: 1 + accepted / drafts", "more passes"),
+    )],
     Metric("op_self_us", Direction.LOWER, "us", 5.0, True, "per-op self time of a decode step"),
     Metric("seconds", Direction.LOWER, "s", 5.0, False, "generic wall time", "more passes on idle cores"),
 ]

