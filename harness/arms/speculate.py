@@ -23,6 +23,11 @@ Metrics, per workload W (``edit``, ``qa``, ``prose``):
   emits on average, vLLM's "mean acceptance length".
 The acceptance metrics are reported only when the engine speculates.
 
+With ``--concurrency N`` (N > 1) the first N prompts of the workloads (cycled) are then sent at once:
+``agg_tg_tps`` = their generated tokens after each one's first / seconds from the earliest first token to
+the latest last token: what several streams decode together (where a batch-size schedule that stops
+speculating from batch size 2 matters).
+
 Provenance holds every prompt's id and sha256 and every request's generated token ids (``outputs``),
 so that ``harness bench`` can assert equal greedy outputs across arms (spec key ``same_outputs``,
 ``harness/grid/outputs.py``).
@@ -97,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--kv-cache-memory-bytes", type=int, default=268435456)
     ap.add_argument("--enforce-eager", action="store_true")
+    ap.add_argument("--concurrency", type=int, default=1, help="N > 1: also N prompts at once (agg_tg_tps)")
     args = ap.parse_args(argv)
 
     from harness.workloads.prompts import all_prompts
@@ -151,6 +157,18 @@ def main(argv: list[str] | None = None) -> int:
         if spec is not None:
             metrics[f"accept_{name}"] = delta["accepted_tokens"] / max(delta["draft_tokens"], 1)
             metrics[f"accepted_len_{name}"] = 1 + delta["accepted_tokens"] / max(delta["drafts"], 1)
+
+    if args.concurrency > 1:
+        batch = [prompts[i % len(prompts)] for i in range(args.concurrency)]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=chat_token_ids(tokenizer, p)) for p in batch], sp,
+                            use_tqdm=False)
+        first = min(o.metrics.first_token_ts for o in outs)
+        last = max(o.metrics.last_token_ts for o in outs)
+        metrics["agg_tg_tps"] = sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first)
+        for p, o in zip(batch, outs, strict=True):
+            want = outputs.get(p.id)
+            per_request.append({"id": p.id, "concurrent": True, "generated": len(o.outputs[0].token_ids),
+                                "equal_to_alone": want == list(o.outputs[0].token_ids) if want else None})
 
     from omni_platform.probe import worker_report
 

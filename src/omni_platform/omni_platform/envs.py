@@ -48,6 +48,13 @@ def _str(raw: str) -> str:
     return raw
 
 
+def _speculation_mode(raw: str) -> str:
+    value = raw.strip().lower()
+    if value not in ("auto", "off"):
+        raise ValueError(f"expected auto or off, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Setting:
     """One environment variable: its name, parser, default (used when unset) and meaning."""
@@ -114,6 +121,15 @@ SETTINGS: dict[str, Setting] = {
             "import vLLM a second time (docs/startup.md). Only there: another process that builds an "
             "engine may have run an OpenMP parallel region, after which a forked child hangs at its "
             "first one. 0: vLLM's spawn. A VLLM_WORKER_MULTIPROC_METHOD the user set wins.",
+        ),
+        Setting(
+            "OMNI_SPECULATION",
+            _speculation_mode,
+            "auto",
+            "auto: on a small machine (at most OMNI_FEW_CPUS physical cores), an engine given no "
+            "speculative_config speculates with the method and settings the speculation benchmark chose "
+            "(omni_platform.speculation, docs/speculation.md), at batch size 1 only; off: never by default. "
+            "A speculative_config (or --speculative-config) the user passes always wins.",
         ),
         Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",

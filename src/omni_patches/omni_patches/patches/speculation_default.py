@@ -1,0 +1,63 @@
+"""``_patch_cpu_speculation_default``: prompt-lookup speculation by default on small machines.
+
+vLLM 0.28 builds the speculative config in ``EngineArgs.create_speculative_config``
+(``vllm/engine/arg_utils.py``), for ``vllm.LLM`` and ``vllm serve`` alike, from the engine arguments
+only. No published hook sees those arguments with the model's config (the platform's parser hook
+runs before the model is known, and cannot tell a pooling model or custom logits processors, which
+vLLM refuses under speculation), so this patch does: where the user named no speculative config,
+OmniPlatform is the platform and :func:`omni_platform.speculation.why_not` finds no reason against it,
+the engine gets :func:`omni_platform.speculation.default_speculative_config` and one log line saying
+what was chosen and how to override it (``OMNI_SPECULATION=off``, or any ``speculative_config``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+from omni_patches.patches import MARKER, Patch
+
+__all__ = ["PATCH"]
+
+logger = logging.getLogger("vllm.omni_patches.speculation_default")
+NAME = "_patch_cpu_speculation_default"
+
+
+def _make(original):
+    @functools.wraps(original)
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        from vllm.platforms import current_platform
+
+        from omni_platform import envs
+        from omni_platform.platform import OmniPlatform, _allowed_physical_cores
+        from omni_platform.speculation import CHOSEN_FROM, default_speculative_config, why_not
+
+        if isinstance(current_platform, OmniPlatform):
+            user = any(v is not None for v in (self.speculative_config, getattr(self, "spec_method", None),
+                                               getattr(self, "spec_model", None), getattr(self, "spec_tokens", None)))
+            reason = why_not(physical_cores=_allowed_physical_cores(), few_cpus=envs.OMNI_FEW_CPUS,
+                             mode=envs.OMNI_SPECULATION, user_config=user,
+                             logits_processors=bool(self.logits_processors),
+                             runner_type=getattr(target_model_config, "runner_type", "generate"))
+            if reason is None:
+                self.speculative_config = default_speculative_config(self.max_num_seqs)
+                logger.info(
+                    "omni-patches: speculative decoding by default: %s (small machine, <= OMNI_FEW_CPUS=%d cores; "
+                    "chosen by %s); OMNI_SPECULATION=off or a speculative_config of your own overrides it",
+                    self.speculative_config, envs.OMNI_FEW_CPUS, CHOSEN_FROM)
+            elif not user:
+                logger.info("omni-patches: no speculative decoding by default: %s", reason)
+        return original(self, target_model_config, target_parallel_config)
+
+    setattr(create_speculative_config, MARKER, NAME)
+    return [create_speculative_config]
+
+
+PATCH = Patch(
+    name=NAME,
+    targets={"vllm.engine.arg_utils:EngineArgs.create_speculative_config":
+             "f64805340e5ddc727a94f7dd0b6fe1ec7c7508c7aa19de3650f54513bd622968"},
+    make=_make,
+    disable_env="OMNI_PATCH_SPECULATION_DEFAULT_OFF",
+    doc=__doc__.split("\n")[0],
+)

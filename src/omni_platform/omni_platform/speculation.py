@@ -1,0 +1,60 @@
+"""Speculative decoding by default on small machines: the decision alone, no vLLM import.
+
+On a CPU of a few cores, batch-1 decode of 4-bit weights is bound by the bytes of weights read per
+token, and a verify step of 1 + k rows reads them once: omni's W4A8 kernel costs about the same for a
+handful of rows as for one (docs/cpu_int4.md). Prompt lookup (vLLM's ``ngram`` method) drafts from
+the request's own tokens, needs no second model and no memory, and on the speculation benchmark
+(``harness/specs/speculation.json``, docs/speculation.md) gained on code edits and on answers that
+quote their context without losing on free prose. :func:`default_speculative_config` gives that
+setting where the user chose none.
+
+It speculates only while one request runs (vLLM's dynamic schedule
+``num_speculative_tokens_per_batch_size``, ``vllm/v1/spec_decode/dynamic/utils.py``, vLLM 0.28:
+k drafts at batch size 1, none from 2 on): with several streams each step already verifies one token
+of each, the weights are read once for all of them, and the verify rows would only add compute.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CHOSEN", "CHOSEN_FROM", "default_speculative_config", "why_not"]
+
+CHOSEN: dict = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+"""The setting the speculation benchmark chose (docs/speculation.md names the artifact and the arms)."""
+
+CHOSEN_FROM = "harness/results/speculation-*.json: see docs/speculation.md"
+"""Where the choice was measured, for the log line."""
+
+
+def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool, logits_processors: bool,
+            runner_type: str) -> str | None:
+    """Why an engine gets no default speculation, or None when it gets :data:`CHOSEN`.
+
+    Args:
+        physical_cores: physical cores this process may use.
+        few_cpus: ``OMNI_FEW_CPUS``, the largest machine called small.
+        mode: ``OMNI_SPECULATION`` (``auto`` or ``off``).
+        user_config: the user passed a speculative config (or ``--spec-method``/``--spec-model``/``--spec-tokens``).
+        logits_processors: the user passed custom logits processors (vLLM rejects them under speculation).
+        runner_type: the model config's ``runner_type`` (only ``generate`` decodes).
+    """
+    if mode == "off":
+        return "OMNI_SPECULATION=off"
+    if user_config:
+        return "the engine arguments name a speculative config"
+    if logits_processors:
+        return "custom logits processors are set (vLLM 0.28 refuses them with speculative decoding)"
+    if runner_type != "generate":
+        return f"the model runs as {runner_type!r}, not 'generate'"
+    if physical_cores > few_cpus:
+        return f"{physical_cores} physical cores > OMNI_FEW_CPUS={few_cpus}"
+    return None
+
+
+def default_speculative_config(max_num_seqs: int | None) -> dict:
+    """:data:`CHOSEN` with vLLM's batch-size schedule: ``num_speculative_tokens`` drafts at batch size 1,
+    none from 2 to ``max_num_seqs`` (at least 2, so that the schedule names both ranges).
+
+    Returns a new dict each call, shaped as ``vllm.LLM(speculative_config=...)`` takes it."""
+    top = max(int(max_num_seqs or 2), 2)
+    return {**CHOSEN, "num_speculative_tokens_per_batch_size": [[1, 1, CHOSEN["num_speculative_tokens"]],
+                                                                [2, top, 0]]}
