@@ -21,7 +21,8 @@ Metrics, per workload W (``edit``, ``qa``, ``prose``):
   ``vllm:spec_decode_num_accepted_tokens`` / ``vllm:spec_decode_num_draft_tokens``), 0..1.
 - ``accepted_len_W``: 1 + accepted tokens per draft (``.../num_drafts``): tokens a verify step
   emits on average, vLLM's "mean acceptance length".
-The acceptance metrics are reported only when the engine speculates.
+The acceptance metrics are reported only when the engine speculates (given ``--speculative`` or by a
+default of the platform's).
 
 With ``--concurrency N`` (N > 1) the first N prompts of the workloads (cycled) are then sent at once:
 ``agg_tg_tps`` = their generated tokens after each one's first / seconds from the earliest first token to
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["speculative_config"] = spec
     llm = LLM(**kwargs, disable_log_stats=False)
     tokenizer = llm.get_tokenizer()
+    # the engine's own config: omni's default speculates where --speculative named nothing
+    speculates = llm.llm_engine.vllm_config.speculative_config is not None
     sp = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
     llm.generate([TokensPrompt(prompt_token_ids=[100 + i for i in range(16)])],
                  SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)  # warm-up, not measured
@@ -154,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics[f"tg_{name}_tps"] = decode_rate(timed)
         after = spec_counters(llm.get_metrics())
         delta = {k: after[k] - before[k] for k in after}
-        if spec is not None:
+        if speculates:
             metrics[f"accept_{name}"] = delta["accepted_tokens"] / max(delta["draft_tokens"], 1)
             metrics[f"accepted_len_{name}"] = 1 + delta["accepted_tokens"] / max(delta["drafts"], 1)
 
