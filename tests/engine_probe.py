@@ -11,7 +11,9 @@ greedy ``token_ids`` and ``texts`` of each prompt, this process's ``pid``, and
 ones before it (teacher forcing; the first token has none). Every result carries ``speculative``: the
 engine's speculative config (``method``, ``num_speculative_tokens``, the batch-size schedule) or None, and
 with ``"spec_counters": true`` (the engine built with ``disable_log_stats=False``) ``spec_counters``: vLLM's
-``drafts``, ``draft_tokens`` and ``accepted_tokens`` over the run.
+``drafts``, ``draft_tokens`` and ``accepted_tokens`` over the run. ``temperature`` and ``seed`` (default 0
+and none: greedy) set the sampling; with ``"repeat": true`` the prompts are generated a second time,
+reported as ``repeat_token_ids``.
 
 ``{"runs": [CONFIG, ...]}`` runs one engine after another in this one process (each shut down and
 vLLM's distributed state torn down before the next, as vLLM's own tests do with
@@ -33,9 +35,13 @@ def run_one(config):
 
     llm = LLM(**config["llm"], **({"disable_log_stats": False} if config.get("spec_counters") else {}))
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in config["prompts"]]
-    params = SamplingParams(temperature=0.0, max_tokens=config.get("max_tokens", 16),
+    params = SamplingParams(temperature=config.get("temperature", 0.0), seed=config.get("seed"),
+                            max_tokens=config.get("max_tokens", 16),
                             prompt_logprobs=0 if config.get("prompt_logprobs") else None)
     outputs = llm.generate(prompts, params, use_tqdm=False)
+    repeat = None
+    if config.get("repeat"):
+        repeat = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     teacher = None
     if config.get("prompt_logprobs"):
         teacher = [[None if lp is None else lp[tok].logprob for lp, tok in zip(o.prompt_logprobs, o.prompt_token_ids,
@@ -63,6 +69,7 @@ def run_one(config):
         "alone_token_ids": alone,
         "ledgers": ledgers,
         "prompt_logprobs": teacher,
+        "repeat_token_ids": repeat,
         "speculative": _speculative(llm),
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
     }

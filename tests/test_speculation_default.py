@@ -55,6 +55,8 @@ def default_on(int4_model_dir):
         {"llm": _llm(int4_model_dir), "prompts": prompts, "max_tokens": 48, "spec_counters": True,
          "also_alone": True},
         {"llm": _llm(int4_model_dir, speculative_config=user), "prompts": prompts, "max_tokens": 48},
+        {"llm": _llm(int4_model_dir), "prompts": prompts[:1], "max_tokens": 48, "temperature": 0.8, "seed": 7,
+         "repeat": True, "spec_counters": True},
     ]}, clean_env(VLLM_PLUGINS="omni"))
 
 
@@ -67,7 +69,7 @@ def default_off(int4_model_dir):
 
 @pytest.mark.engine
 def test_an_engine_without_a_speculative_config_speculates_by_default_and_says_so(default_on, default_off):
-    default, user = default_on["runs"]
+    default, user, _ = default_on["runs"]
     k = speculation.CHOSEN["num_speculative_tokens"]
     assert default["speculative"] == {"method": "ngram", "num_speculative_tokens": k,
                                       "num_speculative_tokens_per_batch_size": [[1, 1, k], [2, 4, 0]]}
@@ -88,3 +90,10 @@ def test_a_speculative_config_of_the_users_own_wins(default_on):
 def test_omni_speculation_off_keeps_the_engine_plain(default_off):
     assert default_off["speculative"] is None
     assert "no speculative decoding by default: OMNI_SPECULATION=off" in default_off.log
+
+
+@pytest.mark.engine
+def test_a_seeded_sampled_request_repeats_its_tokens_under_the_default(default_on):
+    sampled = default_on["runs"][2]
+    assert sampled["speculative"]["method"] == "ngram" and sampled["spec_counters"]["drafts"] > 0
+    assert sampled["token_ids"] == sampled["repeat_token_ids"]
