@@ -5,7 +5,8 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 ``profile`` (harness.memory.profile), ``kernels`` (harness.kernels.matrix), ``pages``
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run),
-and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``, ``run-openvino``.
+``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
+``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-load`` and ``run-soak`` (servers under load).
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ COMMANDS = {
     "run-openvino": "harness.arms.openvino",
     "run-spec": "harness.arms.speculate",
     "run-llama-server": "harness.arms.llama_server",
+    "run-load": "harness.load.sweep",
+    "run-soak": "harness.load.soak",
+    "plot-load": "harness.load.plot",
 }
 
 

@@ -58,6 +58,7 @@ HARNESS_ALLOWED = {
     "kernels": {"root", "models", "memory", "kernels"},  # kernel matrix, page bench
     "arms": {"root", "models", "memory", "arms", "workloads"},  # one runner per engine or peer
     "workloads": {"root", "workloads"},                 # speculation workloads: prompts from installed sources
+    "load": {"root", "models", "memory", "arms", "workloads", "load"},  # servers under load: client, sweep, soak
     "grid": {"root", "grid"},                           # passes, judge, metrics, guard: arms run as commands
     "artifacts": {"root", "grid", "artifacts"},         # results, plots, docs tables: re-judged from the grid
     "demo": {"root", "models", "arms"},
