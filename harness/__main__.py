@@ -6,7 +6,7 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
-``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-load`` and ``run-soak`` (servers under load).
+``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and ``run-soak`` (servers under load).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ COMMANDS = {
     "run-openvino": "harness.arms.openvino",
     "run-spec": "harness.arms.speculate",
     "run-llama-server": "harness.arms.llama_server",
+    "run-llamacpp-server": "harness.arms.llamacpp_server",
     "run-load": "harness.load.sweep",
     "run-soak": "harness.load.soak",
     "plot-load": "harness.load.plot",
