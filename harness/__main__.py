@@ -6,7 +6,8 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
-``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and ``run-soak`` (servers under load).
+``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and
+``run-soak`` (servers under load).
 """
 
 from __future__ import annotations
