@@ -1,6 +1,8 @@
 """GGUF's 4-bit blocks in cpu_int4's form (omni_quant.gguf_blocks): the codes and the group constants,
 dequantized, equal what the gguf package (llama.cpp's formulas) makes of the same bytes."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, dequantize, quantize
@@ -118,3 +120,56 @@ def test_a_files_digest_is_remembered_until_the_file_changes(tmp_path, monkeypat
     assert gguf_cache.file_digest(gguf, tmp_path / "cache") == real(gguf) != first and len(reads) == 2
     (tmp_path / "cache" / "digests.json").write_text("not json")  # a damaged index costs only a read
     assert gguf_cache.file_digest(gguf, tmp_path / "cache") == real(gguf) and len(reads) == 3
+
+
+def test_c22_two_starts_on_one_gguf_share_one_conversion(tmp_path):
+    """C22: two processes resolving the same real GGUF at the same moment on an empty cache: one converts, the
+    other waits on the lock and serves the finished copy (no "destination appeared while converting")."""
+    import subprocess
+    import sys
+
+    from harness.models.registry import gguf_path
+
+    gguf = gguf_path("smollm2-135m")
+    script = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
+              "from pathlib import Path; from omni_quant.gguf_cache import cached_conversion; "
+              f"print(cached_conversion(Path({str(gguf)!r}), Path({str(tmp_path / 'cache')!r})))")
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    paths = {o[0].strip().splitlines()[-1] for o in outs}
+    assert len(paths) == 1 and (Path(paths.pop()) / "config.json").is_file()
+    logs = "".join(o[1] for o in outs)
+    assert logs.count("to cpu_int4 once, into") == 1, logs[-3000:]  # converted once
+    assert "another process is converting" in logs and "is served from its cpu_int4 conversion" in logs
+
+
+def test_cache_list_and_prune(tmp_path, capsys, monkeypatch):
+    import os
+    import time
+
+    from omni_quant import cli, gguf_cache
+    from omni_quant.convert import CONVERTER_VERSION
+
+    v = CONVERTER_VERSION.rsplit("/", 1)[-1]
+    root = tmp_path / "gguf"
+    for name, complete, age_days in ((f"a-0123-c{v}", True, 0), (f"b-4567-c{v}", True, 40), ("c-89ab-c1", True, 0),
+                                     (f"d-cdef-c{v}", False, 0)):
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(bytes(1 << 20))
+        if complete:
+            (d / "config.json").write_text("{}")
+        t = time.time() - age_days * 86400
+        os.utime(d, (t, t))
+    monkeypatch.setattr(gguf_cache, "cache_root", lambda: root)
+    assert cli.main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "4 conversion(s)" in out and "older converter" in out and "incomplete" in out
+    assert sorted(e.path.name for e in gguf_cache.prune(root, dry_run=True)) == ["c-89ab-c1", f"d-cdef-c{v}"]
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["a-0123-c" + v, "b-4567-c" + v, "c-89ab-c1",
+                                                                    f"d-cdef-c{v}"]  # a dry run removes nothing
+    assert cli.main(["cache", "prune", "--days", "30"]) == 0
+    assert "removed 3 conversion(s)" in capsys.readouterr().out
+    assert [p.name for p in root.iterdir() if p.is_dir()] == [f"a-0123-c{v}"]

@@ -126,7 +126,13 @@ class OmniPlatform(CpuPlatform):
         if defaults is None:
             return
         tokens, seqs = defaults
-        parser.set_defaults(max_num_batched_tokens=tokens, max_num_seqs=seqs)
+        if _batch_defaults_answered_by_vllm():
+            # vLLM's own default path gives the step budget (EngineArgs.get_batch_defaults answers with omni's
+            # numbers) and raises it to max_model_len for a model that cannot chunk its prefill (an
+            # encoder-only pooling model, C30); a parser default would bypass that.
+            parser.set_defaults(max_num_seqs=seqs)
+        else:
+            parser.set_defaults(max_num_batched_tokens=tokens, max_num_seqs=seqs)
         logger.info_once(
             "omni: default --max-num-batched-tokens %d --max-num-seqs %d (small machine, <= "
             "OMNI_FEW_CPUS=%d cores: smaller compiled warm-up); pass either flag to override",
@@ -395,6 +401,16 @@ class OmniPlatform(CpuPlatform):
         if vllm_config.compilation_config.mode == CompilationMode.NONE:
             return True, "the model runs eager"
         return False, "compiled mode fuses the native norms"
+
+
+def _batch_defaults_answered_by_vllm() -> bool:
+    """Whether vLLM's ``EngineArgs.get_batch_defaults`` already answers with omni's small-machine step budget
+    (omni-patches' ``_patch_cpu_small_machine_batch_defaults`` is applied in this process: the replacement
+    carries the ``__omni_patch__`` marker). Read from vLLM's class, not by importing omni-patches."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    fn = getattr(EngineArgs.get_batch_defaults, "__func__", EngineArgs.get_batch_defaults)
+    return getattr(fn, "__omni_patch__", None) == "_patch_cpu_small_machine_batch_defaults"
 
 
 def _allowed_physical_cores() -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["main"]
@@ -82,7 +83,13 @@ def _main(argv: list[str] | None) -> int:
     c.add_argument("--format", default="cpu_int4", choices=("cpu_int4", "gptq"),
                    help="cpu_int4 (default), or gptq: stock vLLM's symmetric GPTQ format, round to nearest "
                         "(a baseline to compare with; the head stays bf16)")
+    k = sub.add_parser("cache", help="the GGUF conversions `omni-vllm serve FILE.gguf` keeps: list or prune them")
+    k.add_argument("action", choices=("list", "prune"))
+    k.add_argument("--days", type=float, default=None, help="prune: also remove conversions unused for this many days")
+    k.add_argument("--dry-run", action="store_true", help="prune: say what would be removed, remove nothing")
     args = ap.parse_args(argv)
+    if args.cmd == "cache":
+        return _cache(args)
 
     try:
         if _is_gguf(args.src):
@@ -112,6 +119,28 @@ def _main(argv: list[str] | None) -> int:
           f"input embedding: {emb.removeprefix('embedding ')}), "
           f"copied {len(reports) - len(q)}; report: {args.dst}/quantization_report.json")
     print(args.dst)
+    return 0
+
+
+def _cache(args) -> int:
+    """``omni-quant cache list|prune``: one line per conversion (MiB, last use, state); prune removes older
+    converter versions, incomplete conversions and, with ``--days``, unused ones."""
+    from omni_quant.gguf_cache import cache_root, entries, prune
+
+    root = cache_root()
+    if args.action == "list":
+        rows = entries(root)
+        for e in rows:
+            state = ("current" if e.current else "older converter") + ("" if e.complete else ", incomplete")
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+            print(f"{e.bytes / 2**20:10.1f} MiB  {used}  {state:28s}  {e.path}")
+        print(f"{len(rows)} conversion(s), {sum(e.bytes for e in rows) / 2**20:.1f} MiB in {root}")
+        return 0
+    gone = prune(root, args.days, args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for e in gone:
+        print(f"{verb} {e.path} ({e.bytes / 2**20:.1f} MiB)")
+    print(f"{verb} {len(gone)} conversion(s), {sum(e.bytes for e in gone) / 2**20:.1f} MiB")
     return 0
 
 

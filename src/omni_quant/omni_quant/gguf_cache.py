@@ -8,20 +8,29 @@ front end: a front end that ran torch's OpenMP threads could not fork its engine
 thread pool does not survive a fork; omni-platform forks the server's engine core by default). A file's
 digest is remembered by its identity (device, inode, size, modification time) in ``digests.json`` beside
 the conversions, so a warm start does not read the whole file again (about 1 s for a 1.1 GB GGUF).
+
+Two starts on one file share one conversion: the first takes an exclusive ``flock`` on
+``<conversion>.lock`` while it converts, a second waits for it and then serves the finished copy (C22).
+``omni-quant cache list`` shows the conversions with their sizes and last use; ``omni-quant cache prune``
+removes those of older converter versions and those unused for ``--days`` (:func:`entries`, :func:`prune`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["cached_conversion", "file_digest", "resolve_model"]
+__all__ = ["CacheEntry", "cached_conversion", "entries", "file_digest", "prune", "resolve_model"]
 
 logger = logging.getLogger("vllm.omni_quant.gguf")
 
@@ -116,15 +125,82 @@ def cached_conversion(gguf: Path, root: Path | None = None) -> Path:
     digest = file_digest(gguf, root)
     version = CONVERTER_VERSION.rsplit("/", 1)[-1]
     out = root / f"{gguf.stem}-{digest[:16]}-c{version}"
-    if (out / "config.json").is_file():
-        logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16], out)
-        return out
-    logger.info("omni: converting %s (sha256 %s...) to cpu_int4 once, into %s; this first start also writes "
-                "the weights' layout file and the compiled graph, which later starts reuse", gguf, digest[:16], out)
-    started = time.monotonic()
-    _convert_in_child(gguf, out)
-    logger.info("omni: %s converted to cpu_int4 in %.1f s; serving %s", gguf, time.monotonic() - started, out)
+    with _exclusive(out):
+        if (out / "config.json").is_file():
+            logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16], out)
+            os.utime(out)  # last use, for `omni-quant cache prune --days`
+            return out
+        logger.info("omni: converting %s (sha256 %s...) to cpu_int4 once, into %s; this first start also writes "
+                    "the weights' layout file and the compiled graph, which later starts reuse", gguf, digest[:16],
+                    out)
+        started = time.monotonic()
+        _convert_in_child(gguf, out)
+        logger.info("omni: %s converted to cpu_int4 in %.1f s; serving %s", gguf, time.monotonic() - started, out)
     return out
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """Hold an exclusive ``flock`` on ``<out>.lock`` (created if needed); log once when another process holds it
+    (it is converting the same file) and wait for it. The lock is released when the process exits, however."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.info("omni: another process is converting into %s; waiting for it to finish", out)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One conversion in the cache: its directory, size in bytes, last use (mtime, s since the epoch), whether
+    the installed converter wrote it (``current``) and whether it is complete (has ``config.json``)."""
+
+    path: Path
+    bytes: int
+    last_used: float
+    current: bool
+    complete: bool
+
+
+def entries(root: Path | None = None) -> list[CacheEntry]:
+    """The conversions under ``root`` (default :func:`cache_root`), most recently used first."""
+    from omni_quant.convert import CONVERTER_VERSION
+
+    root = root or cache_root()
+    suffix = "-c" + CONVERTER_VERSION.rsplit("/", 1)[-1]
+    out = []
+    for d in root.iterdir() if root.is_dir() else ():
+        if d.is_dir() and not d.name.startswith("."):
+            size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+            out.append(CacheEntry(d, size, d.stat().st_mtime, d.name.endswith(suffix), (d / "config.json").is_file()))
+    return sorted(out, key=lambda e: -e.last_used)
+
+
+def prune(root: Path | None = None, days: float | None = None, dry_run: bool = False) -> list[CacheEntry]:
+    """Remove the conversions of older converter versions, incomplete ones, and (``days``) those unused for
+    more than ``days`` days; a conversion another process holds locked is skipped. Returns what was (or, with
+    ``dry_run``, would be) removed."""
+    now = time.time()
+    removed = []
+    for e in entries(root):
+        stale = not e.current or not e.complete or (days is not None and now - e.last_used > days * 86400)
+        if not stale:
+            continue
+        with open(e.path.with_name(e.path.name + ".lock"), "a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # being converted right now
+            if not dry_run:
+                shutil.rmtree(e.path, ignore_errors=True)
+            removed.append(e)
+    return removed
 
 
 def resolve_model(arg: str) -> str | None:
