@@ -163,6 +163,11 @@ class OmniPlatform(CpuPlatform):
         if envs.OMNI_CPU_ATTN_ONE_OP and isinstance(vllm_config.additional_config, dict):
             # The compiled graph differs (no unified_kv_cache_update op): key the compile cache by it.
             vllm_config.additional_config["omni_cpu_attn_one_op"] = True
+        if isinstance(vllm_config.additional_config, dict):
+            # Inductor's C++ is generated for the vector ISA it picks (the CPU's, lowered by
+            # ATEN_CPU_CAPABILITY); vLLM's compile hash has no CPU factor, so a cache filled on an AVX-512
+            # host would be loaded on an AVX2 one (C20). additional_config is part of that hash.
+            vllm_config.additional_config.setdefault("omni_cpu_isa", compile_isa_key())
         if envs.is_set("OMNI_INT4_KERNEL") and isinstance(vllm_config.additional_config, dict):
             # cpu_int4 layers call a different op per kernel: a graph compiled for one must not be
             # reloaded for the other. (The measured prefill row count is read at run time.)
@@ -401,6 +406,26 @@ class OmniPlatform(CpuPlatform):
         if vllm_config.compilation_config.mode == CompilationMode.NONE:
             return True, "the model runs eager"
         return False, "compiled mode fuses the native norms"
+
+
+def compile_isa_key() -> str:
+    """What decides the vector ISA of the code torch's Inductor generates on this CPU, as one string:
+    ATen's CPU capability (``torch.backends.cpu.get_cpu_capability()``: the best the CPU has, or lower when
+    ``ATEN_CPU_CAPABILITY`` says so; Inductor's ``pick_vec_isa`` follows the same variable) and whether the CPU
+    has AMX tiles (Inductor's ``VecAMX``), e.g. ``"AVX512|amx=0"``. Part of vLLM's compile hash through
+    ``additional_config`` (C20)."""
+    import torch
+
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return f"{torch.backends.cpu.get_cpu_capability()}|amx={int('amx_tile' in flags)}"
 
 
 def _batch_defaults_answered_by_vllm() -> bool:
