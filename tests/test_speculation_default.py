@@ -1,8 +1,10 @@
-"""omni's speculation default (issue 33): its condition, its log line and its overrides.
+"""omni's speculation setting (issue 33): off by default, ``OMNI_SPECULATION=auto`` opts in; its condition, its
+log line and its overrides.
 
-On a small machine an engine given no speculative config gets prompt lookup (vLLM's ``ngram``) at batch
-size 1 (``omni_platform/speculation.py``, applied by ``_patch_cpu_speculation_default``); ``OMNI_SPECULATION=off``
-or a speculative config of the user's own overrides it. The engine tests use the real SmolLM2 int4, eager.
+With ``OMNI_SPECULATION=auto``, on a small machine an engine given no speculative config gets prompt lookup
+(vLLM's ``ngram``) at batch size 1 (``omni_platform/speculation.py``, applied by
+``_patch_cpu_speculation_default``); a speculative config of the user's own overrides it. Unset, the engine does
+not speculate (docs/speculation.md says why). The engine tests use the real SmolLM2 int4, eager.
 """
 
 import pytest
@@ -20,7 +22,7 @@ def test_a_small_machine_with_nothing_chosen_speculates():
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"mode": "off"}, "OMNI_SPECULATION=off"),
+    ({"mode": "off"}, "OMNI_SPECULATION=off (the default; OMNI_SPECULATION=auto opts in)"),
     ({"user_config": True}, "the engine arguments name a speculative config"),
     ({"logits_processors": True}, "custom logits processors"),
     ({"runner_type": "pooling"}, "runs as 'pooling'"),
@@ -57,23 +59,23 @@ def default_on(int4_model_dir):
         {"llm": _llm(int4_model_dir, speculative_config=user), "prompts": prompts, "max_tokens": 48},
         {"llm": _llm(int4_model_dir), "prompts": prompts[:1], "max_tokens": 48, "temperature": 0.8, "seed": 7,
          "repeat": True, "spec_counters": True},
-    ]}, clean_env(VLLM_PLUGINS="omni"))
+    ]}, clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="auto"))
 
 
 @pytest.fixture(scope="module")
 def default_off(int4_model_dir):
     prompts = ["List the numbers from 1 to 30, separated by commas: 1, 2, 3,", "Once upon a time"]
     return run_engine({"llm": _llm(int4_model_dir), "prompts": prompts, "max_tokens": 48},
-                      clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off"))
+                      clean_env(VLLM_PLUGINS="omni"))  # OMNI_SPECULATION unset: the default, off
 
 
 @pytest.mark.engine
-def test_an_engine_without_a_speculative_config_speculates_by_default_and_says_so(default_on, default_off):
+def test_with_auto_an_engine_without_a_speculative_config_speculates_and_says_so(default_on, default_off):
     default, user, _ = default_on["runs"]
     k = speculation.CHOSEN["num_speculative_tokens"]
     assert default["speculative"] == {"method": "ngram", "num_speculative_tokens": k,
                                       "num_speculative_tokens_per_batch_size": [[1, 1, k], [2, 4, 0]]}
-    assert "speculative decoding by default" in default_on.log and "OMNI_SPECULATION=off" in default_on.log
+    assert "speculative decoding (OMNI_SPECULATION=auto)" in default_on.log and "OMNI_SPECULATION=off" in default_on.log
     assert default["spec_counters"]["drafts"] > 0  # alone, at batch size 1, it drafted
     # greedy tokens: the same speculated alone, together (batch 2: no drafts), and not speculated at all
     assert default["token_ids"] == default["alone_token_ids"] == default_off["token_ids"]
@@ -87,13 +89,16 @@ def test_a_speculative_config_of_the_users_own_wins(default_on):
 
 
 @pytest.mark.engine
-def test_omni_speculation_off_keeps_the_engine_plain(default_off):
+def test_by_default_the_engine_does_not_speculate(default_off):
     assert default_off["speculative"] is None
-    assert "no speculative decoding by default: OMNI_SPECULATION=off" in default_off.log
+    assert "no speculative decoding by default: OMNI_SPECULATION=off (the default" in default_off.log
 
 
 @pytest.mark.engine
-def test_a_seeded_sampled_request_repeats_its_tokens_under_the_default(default_on):
+@pytest.mark.xfail(strict=True, reason="under ngram speculation on vLLM 0.28's CPU runner a seeded, sampled "
+                   "request did not repeat its tokens (from about token 20 of 48); the cause is not found "
+                   "(docs/speculation.md): one more reason speculation is not on by default")
+def test_a_seeded_sampled_request_repeats_its_tokens_under_auto(default_on):
     sampled = default_on["runs"][2]
     assert sampled["speculative"]["method"] == "ngram" and sampled["spec_counters"]["drafts"] > 0
     assert sampled["token_ids"] == sampled["repeat_token_ids"]

@@ -125,11 +125,13 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "OMNI_SPECULATION",
             _speculation_mode,
-            "auto",
-            "auto: on a small machine (at most OMNI_FEW_CPUS physical cores), an engine given no "
-            "speculative_config speculates with the method and settings the speculation benchmark chose "
-            "(omni_platform.speculation, docs/speculation.md), at batch size 1 only; off: never by default. "
-            "A speculative_config (or --speculative-config) the user passes always wins.",
+            "off",
+            "off (the default): no speculation unless the user configures it. auto: on a small machine (at "
+            "most OMNI_FEW_CPUS physical cores), an engine given no speculative_config speculates with the "
+            "method and settings the speculation benchmark chose (omni_platform.speculation), at batch size 1 "
+            "only. Off by default because the measurements could not show that it never loses more than 3% "
+            "on free prose (docs/speculation.md). A speculative_config (or --speculative-config) the user "
+            "passes always wins.",
         ),
         Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",

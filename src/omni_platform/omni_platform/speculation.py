@@ -1,12 +1,15 @@
-"""Speculative decoding by default on small machines: the decision alone, no vLLM import.
+"""Speculative decoding on small machines, opted into with ``OMNI_SPECULATION=auto``: the decision alone, no
+vLLM import.
 
 On a CPU of a few cores, batch-1 decode of 4-bit weights is bound by the bytes of weights read per
 token, and a verify step of 1 + k rows reads them once: omni's W4A8 kernel costs about the same for a
 handful of rows as for one (docs/cpu_int4.md). Prompt lookup (vLLM's ``ngram`` method) drafts from
 the request's own tokens, needs no second model and no memory, and on the speculation benchmark
 (``harness/specs/speculation.json``, docs/speculation.md) gained on code edits and on answers that
-quote their context without losing on free prose. :func:`default_speculative_config` gives that
-setting where the user chose none.
+quote their context; on free prose its cost could not be separated from the host's bandwidth drift
+(``speculation_default-20261205T094932Z``, ``speculation_prose_ab-20261205T101422Z``: medians 9.6-20% below
+the plain engine, inside the spread), so it is not on unless asked for. With ``OMNI_SPECULATION=auto``,
+:func:`default_speculative_config` gives that setting where the user chose none.
 
 It speculates only while one request runs (vLLM's dynamic schedule
 ``num_speculative_tokens_per_batch_size``, ``vllm/v1/spec_decode/dynamic/utils.py``, vLLM 0.28:
@@ -38,7 +41,7 @@ def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool,
         runner_type: the model config's ``runner_type`` (only ``generate`` decodes).
     """
     if mode == "off":
-        return "OMNI_SPECULATION=off"
+        return "OMNI_SPECULATION=off (the default; OMNI_SPECULATION=auto opts in)"
     if user_config:
         return "the engine arguments name a speculative config"
     if logits_processors:
