@@ -48,6 +48,9 @@ def _stub_app() -> web.Application:
                 await resp.write(f"data: {json.dumps({'choices': [{'delta': {'content': 'w '}}]})}\n\n".encode())
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': n}})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
+            if text == "close":  # as llama-server does: the connection ends with the stream, without saying so
+                await resp.write_eof()
+                request.transport.close()
         except ConnectionResetError:
             pass
         return resp
@@ -94,6 +97,12 @@ def test_counts_errors_cancellation_and_tokens(stub: str) -> None:
     assert s["agg_tps"] == pytest.approx(16 / wall)
     assert results[0].text == "w " * 5 and results[1].completion_tokens == 7
     assert "boom" in results[2].error and results[2].status == 500
+
+
+def test_a_server_closing_the_connection_after_a_stream_fails_no_request(stub: str) -> None:
+    results, wall = asyncio.run(run_closed_loop(stub, [_req("close", 3), _req("hi", 3), _req("close", 3),
+                                                       _req("hi", 3, stream=False)], streams=1))
+    assert [r.error for r in results] == [None] * 4 and summarize(results, wall)["ok"] == 4
 
 
 def test_percentiles_are_of_the_streamed_gaps(stub: str) -> None:

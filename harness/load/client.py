@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RequestResult", "chat_once", "run_closed_loop", "summarize", "percentile_ms"]
+__all__ = ["RequestResult", "chat_once", "new_connector", "percentile_ms", "run_closed_loop", "summarize"]
 
 
 @dataclass
@@ -150,7 +150,7 @@ async def run_closed_loop(base: str, requests: Iterable[dict[str, Any]], streams
     for i, r in enumerate(requests):
         queue.put_nowait((i, r))
     results: dict[int, RequestResult] = {}
-    connector = aiohttp.TCPConnector(limit=streams)
+    connector = new_connector(streams)
 
     async with aiohttp.ClientSession(connector=connector) as session:
         async def worker() -> None:
@@ -166,6 +166,16 @@ async def run_closed_loop(base: str, requests: Iterable[dict[str, Any]], streams
         await asyncio.gather(*(worker() for _ in range(streams)))
         wall = time.perf_counter() - t
     return [results[i] for i in sorted(results)], wall
+
+
+def new_connector(limit: int):
+    """An ``aiohttp.TCPConnector`` of at most ``limit`` connections, a new connection per request
+    (``force_close``): llama-server closes a connection after a streamed answer, and a kept-alive one then fails
+    the next request with "Can not write request body" before the server sees it. A loopback connect costs
+    microseconds; every server gets the same."""
+    import aiohttp
+
+    return aiohttp.TCPConnector(limit=limit, force_close=True)
 
 
 def percentile_ms(values_s: list[float], q: float) -> float | None:

@@ -87,7 +87,7 @@ def windows(results: list, t0: float, window_s: float) -> list[dict]:
 async def _soak(base: str, pid: int, args: argparse.Namespace, prompts: list) -> dict:
     import aiohttp
 
-    from harness.load.client import chat_once, summarize
+    from harness.load.client import chat_once, new_connector, summarize
     from harness.memory.tree import tree_memory
 
     rng = random.Random(args.seed)
@@ -98,7 +98,7 @@ async def _soak(base: str, pid: int, args: argparse.Namespace, prompts: list) ->
     def rss() -> int:
         return sum(p.rss_anon for p in tree_memory(pid))
 
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.clients + 2)) as session:
+    async with aiohttp.ClientSession(connector=new_connector(args.clients + 2)) as session:
         first = await chat_once(session, base, KNOWN, stream=False)
         t0 = time.perf_counter()
         deadline = t0 + args.seconds
