@@ -47,6 +47,25 @@ def _model_path(kind: str, model: str) -> str:
     return str(gguf_path(model) if kind == "llama-server" else fetch(model))
 
 
+def _model_identity(spec) -> dict:
+    """``model_bytes``, ``model_sha256`` (``harness.provenance.checkpoint_fingerprint``) and ``quantization`` of the
+    served model: what every arm reports about the weights it ran."""
+    from harness.provenance import checkpoint_fingerprint
+
+    size, sha = checkpoint_fingerprint(spec.model)
+    quant = "gguf (as stored in the file)" if spec.kind == "llama-server" else "as the checkpoint's config says"
+    if spec.kind == "omni":
+        import json as _json
+        from pathlib import Path
+
+        try:
+            cfg = _json.loads((Path(spec.model) / "config.json").read_text())
+            quant = (cfg.get("quantization_config") or {}).get("quant_method") or "none (bf16)"
+        except (OSError, ValueError):
+            pass
+    return {"model_bytes": size, "model_sha256": sha, "quantization": quant}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness run-load", description=__doc__.split("\n")[0])
     ap.add_argument("--server", choices=("omni", "llama-server"), required=True)
@@ -112,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             "platform": f"{args.server} (OpenAI server, measured from the client)",
             "worker_threads": None, "worker_cpus": sorted(os.sched_getaffinity(0)), "head_dtype": None,
             "patches": None, "not_observed": "the server's internals; see its command",
-            "model_path": spec.model, "server_commands": commands,
+            "model_path": spec.model, **_model_identity(spec), "server_commands": commands,
             "prompts": [p.to_dict() for p in all_prompts(workloads)],
             "points": points, "params": vars(args),
         },
