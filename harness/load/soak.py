@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import sys
 import time
@@ -157,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--cancel-frac must be in [0, 1], got {args.cancel_frac}")
 
     from harness.load.servers import ServerSpec, start_server
-    from harness.load.sweep import _model_identity, _model_path
+    from harness.load.sweep import _model_path, client_provenance
     from harness.workloads.prompts import all_prompts
 
     prompts = all_prompts()
@@ -179,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "metrics": metrics,
         "provenance": {
-            "platform": f"{args.server} (OpenAI server, measured from the client)",
-            "worker_threads": None, "worker_cpus": sorted(os.sched_getaffinity(0)), "head_dtype": None,
-            "patches": None, "not_observed": "the server's internals; see its command",
-            "model_path": spec.model, **_model_identity(spec), "server_command": server.command, "summary": s,
+            **client_provenance(args.server, spec), "server_command": server.command, "summary": s,
             "known_text": {"first": first.text, "last": last.text, "first_error": first.error,
                            "last_error": last.error},
             "rss_samples": out["samples"], "windows": out["windows"], "failures": failures,

@@ -66,6 +66,15 @@ def _model_identity(spec) -> dict:
     return {"model_bytes": size, "model_sha256": sha, "quantization": quant}
 
 
+def client_provenance(server: str, spec) -> dict:
+    """What a runner that sees a server only from its client says about the arm: the ARM_KEYS it cannot observe
+    set to None and said so, the CPUs it ran on, and the served model's path, bytes, sha256 and quantization."""
+    return {"platform": f"{server} (OpenAI server, measured from the client)", "worker_threads": None,
+            "worker_cpus": sorted(os.sched_getaffinity(0)), "head_dtype": None, "patches": None,
+            "not_observed": "the server's internals; see its command", "model_path": spec.model,
+            **_model_identity(spec)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness run-load", description=__doc__.split("\n")[0])
     ap.add_argument("--server", choices=("omni", "llama-server"), required=True)
@@ -128,10 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "metrics": metrics,
         "provenance": {
-            "platform": f"{args.server} (OpenAI server, measured from the client)",
-            "worker_threads": None, "worker_cpus": sorted(os.sched_getaffinity(0)), "head_dtype": None,
-            "patches": None, "not_observed": "the server's internals; see its command",
-            "model_path": spec.model, **_model_identity(spec), "server_commands": commands,
+            **client_provenance(args.server, spec), "server_commands": commands,
             "prompts": [p.to_dict() for p in all_prompts(workloads)],
             "points": points, "params": vars(args),
         },
