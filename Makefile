@@ -138,7 +138,7 @@ bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding 
 	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,agg_tg_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
 	    --timeout 1200 --out harness/results/speculation_default-$(shell date -u +%Y%m%dT%H%M%SZ).json
 
-bench: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP)  ## SmolLM2 decode benchmark against llama.cpp and llama-server (3 passes)
+bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
