@@ -13,7 +13,8 @@ engine's speculative config (``method``, ``num_speculative_tokens``, the batch-s
 with ``"spec_counters": true`` (the engine built with ``disable_log_stats=False``) ``spec_counters``: vLLM's
 ``drafts``, ``draft_tokens`` and ``accepted_tokens`` over the run. ``temperature`` and ``seed`` (default 0
 and none: greedy) set the sampling; with ``"repeat": true`` the prompts are generated a second time,
-reported as ``repeat_token_ids``.
+reported as ``repeat_token_ids``; with ``"lora": {NAME: ADAPTER_DIR}`` (the engine built with
+``enable_lora``) the prompts are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
 
 ``{"runs": [CONFIG, ...]}`` runs one engine after another in this one process (each shut down and
 vLLM's distributed state torn down before the next, as vLLM's own tests do with
@@ -46,6 +47,13 @@ def run_one(config):
     if config.get("prompt_logprobs"):
         teacher = [[None if lp is None else lp[tok].logprob for lp, tok in zip(o.prompt_logprobs, o.prompt_token_ids,
                                                                                  strict=True)] for o in outputs]
+    lora = None
+    if config.get("lora"):
+        from vllm.lora.request import LoRARequest
+
+        lora = {name: [list(o.outputs[0].token_ids) for o in llm.generate(
+            prompts, params, lora_request=LoRARequest(name, i + 1, path), use_tqdm=False)]
+            for i, (name, path) in enumerate(sorted(config["lora"].items()))}
     alone = None
     if config.get("also_alone"):
         alone = [list(llm.generate([p], params, use_tqdm=False)[0].outputs[0].token_ids) for p in prompts]
@@ -70,6 +78,7 @@ def run_one(config):
         "ledgers": ledgers,
         "prompt_logprobs": teacher,
         "repeat_token_ids": repeat,
+        "lora_token_ids": lora,
         "speculative": _speculative(llm),
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
     }

@@ -358,6 +358,7 @@ class CpuInt4LinearMethod(LinearMethodBase):
         if not layer.cpu_int4_mapped:
             self._repack(layer)
         layout_cache.finish(self.config, layer, self.prefix)
+        _expose_for_lora(layer)
 
     def _repack(self, layer: torch.nn.Module) -> None:
         if layer.cpu_int4_super_blocks:
@@ -444,3 +445,21 @@ class CpuInt4LinearMethod(LinearMethodBase):
             "cpu_int4 checkpoints store a quantized output head untied (tie_word_embeddings: false). "
             "Re-convert with `omni-quant convert`, or keep the head in bf16 with --keep-bf16 lm_head."
         )
+
+
+def _expose_for_lora(layer: torch.nn.Module) -> None:
+    """With LoRA enabled, give vLLM's LoRA wrapper the tensor it looks for on a quantized layer (C19).
+
+    vLLM 0.28 finds the device of a LoRA-wrapped layer from a tensor named ``weight``, ``weight_packed`` or
+    ``qweight`` (``_get_lora_device`` in ``vllm/lora/layers/utils.py``) and refuses any other layer with
+    "Unsupported base layer". The checkpoint's ``qweight`` is gone after repacking, so the repacked weight
+    (uint8, the kernel's layout) is set as ``qweight``: a plain attribute, not a parameter or buffer, so it is
+    neither counted nor saved twice. The LoRA delta itself is vLLM's (``PunicaWrapperCPU``, bf16), added to
+    the output of :meth:`CpuInt4LinearMethod.apply`; the base weight stays 4-bit.
+    """
+    from vllm.config import get_current_vllm_config
+
+    if get_current_vllm_config().lora_config is None:
+        return
+    packed = layer.w4a8_weight if layer.cpu_int4_kernel == "native" else layer.int4_weight
+    layer.qweight = packed.data  # a Tensor, not the Parameter: nn.Module keeps it as a plain attribute

@@ -30,11 +30,12 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The fifteen patches, in application order."""
+    """The sixteen patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
     from omni_patches.patches.kv_cache import PATCH as KV
+    from omni_patches.patches.lora_embedding import PATCH as LORA_EMBEDDING
     from omni_patches.patches.modelinfo_cache import PATCH as MODELINFO
     from omni_patches.patches.modelinfo_in_process import PATCH as MODELINFO_IN_PROCESS
     from omni_patches.patches.pipeline_parallel import PATCH as PP
@@ -48,4 +49,5 @@ def all_patches() -> list[Patch]:
     from omni_patches.patches.tokenizer_pool import PATCH as TOKENIZER_POOL
 
     return [AOT, KV, RELEASE, BATCH, SEEDS, WARMUP, PP, MODELINFO, TOKEN_IDS, EMBEDDING, TOKENIZER_POOL,
-            PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL]
+            PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL,
+            LORA_EMBEDDING]
