@@ -179,6 +179,9 @@ def activate() -> dict[str, str]:
             f"not {PLATFORM_QUALNAME}: {reason}. Run with VLLM_PLUGINS=omni on a CPU build of "
             "vLLM, or uninstall the omni distributions."
         )
+    from omni_platform.cache_root import ensure_writable
+
+    ensure_writable()  # C21: before vLLM writes its first cache file
     loaded = [(ep, _load(ep)) for ep in entry_points(group=EXTENSION_GROUP)]
     unknown = envs.unknown_omni_variables()  # after the extensions declared theirs
     if unknown:

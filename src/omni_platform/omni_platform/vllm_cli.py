@@ -12,12 +12,14 @@ handed over in that form (``omni-vllm serve FILE.gguf``: omni-quant's cpu_int4 c
 file, made once and cached by its digest; the served model name stays the file's name).
 
 ``serve`` checks its port before any of that: a port already in use ends the command in seconds, in one
-line naming it, instead of after a long conversion (C31; vLLM itself binds only once the engine is up).
+line naming it, instead of after a long conversion (C31; vLLM itself binds only once the engine is up). So
+does a GGUF whose conversion cache (under ``VLLM_CACHE_ROOT``) cannot be written (C21).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+from pathlib import Path
 
 __all__ = ["main", "port_in_use", "vllm_distribution_version"]
 
@@ -86,18 +88,53 @@ def _check_serve_port(argv: list[str]) -> None:
                          "choose another with --port, or stop what holds it. Nothing was loaded or converted.")
 
 
+def _serve_model_index(argv: list[str]) -> int | None:
+    """The index in ``argv`` of ``serve MODEL`` / ``serve --model MODEL``'s MODEL, or None."""
+    if len(argv) < 2 or argv[1] != "serve":
+        return None
+    idx = next((i + 1 for i, a in enumerate(argv) if a == "--model" and i + 1 < len(argv)), None)
+    if idx is None and len(argv) > 2 and not argv[2].startswith("-"):
+        idx = 2
+    return idx
+
+
+def _check_gguf_cache(argv: list[str]) -> None:
+    """``serve FILE.gguf``: exit 2 with one line when vLLM's cache root, where the conversion is kept, cannot be
+    written (C21). Any other model starts anyway (:mod:`omni_platform.cache_root`); a conversion of minutes made
+    into a directory removed at exit would be made again at every start, so this one is refused.
+
+    Raises:
+        SystemExit: the message names the directory, the error, and a writable directory to use instead.
+    """
+    idx = _serve_model_index(argv)
+    if idx is None or not argv[idx].endswith(".gguf"):
+        return
+    import tempfile
+
+    from vllm import envs as vllm_envs
+
+    from omni_platform.cache_root import write_problem
+
+    root = vllm_envs.VLLM_CACHE_ROOT
+    why = write_problem(root)
+    if why is None:
+        return
+    tmp = tempfile.gettempdir()
+    hint = (f"for example VLLM_CACHE_ROOT={Path(tmp) / 'omni-vllm-cache'}" if write_problem(tmp) is None
+            else "a directory on a writable disk")
+    raise SystemExit(f"omni-vllm serve: {Path(argv[idx]).name} is converted once into vLLM's cache root {root}, "
+                     f"which cannot be written ({why}); set VLLM_CACHE_ROOT to a writable directory ({hint}) and "
+                     "start again. Nothing was converted.")
+
+
 def _resolve_serve_model(argv: list[str]) -> list[str]:
     """``serve MODEL`` / ``serve --model MODEL``: MODEL as an installed extension serves it."""
-    if len(argv) < 2 or argv[1] != "serve":
+    idx = _serve_model_index(argv)
+    if idx is None:
         return argv
     from omni_platform.extensions import resolve_model
 
     out = list(argv)
-    idx = next((i + 1 for i, a in enumerate(out) if a == "--model" and i + 1 < len(out)), None)
-    if idx is None and len(out) > 2 and not out[2].startswith("-"):
-        idx = 2
-    if idx is None:
-        return argv
     resolved = resolve_model(out[idx])
     if resolved != out[idx]:
         if "--served-model-name" not in out:
@@ -112,6 +149,7 @@ def main() -> None:
 
     importlib.metadata.version = vllm_distribution_version  # this process only
     _check_serve_port(sys.argv)
+    _check_gguf_cache(sys.argv)
     sys.argv = _resolve_serve_model(sys.argv)
     from vllm.entrypoints.cli.main import main as vllm_main
 
