@@ -13,8 +13,10 @@ engine's speculative config (``method``, ``num_speculative_tokens``, the batch-s
 with ``"spec_counters": true`` (the engine built with ``disable_log_stats=False``) ``spec_counters``: vLLM's
 ``drafts``, ``draft_tokens`` and ``accepted_tokens`` over the run. ``temperature`` and ``seed`` (default 0
 and none: greedy) set the sampling; with ``"repeat": true`` the prompts are generated a second time,
-reported as ``repeat_token_ids``; with ``"lora": {NAME: ADAPTER_DIR}`` (the engine built with
-``enable_lora``) the prompts are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
+reported as ``repeat_token_ids``; ``"per_prompt"`` (one dict per prompt: ``temperature``, ``seed``,
+``max_tokens``, ``structured_outputs``) overrides them prompt by prompt; every result has each output's
+``finish_reasons``. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine built with ``enable_lora``) the prompts
+are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
 
 ``{"runs": [CONFIG, ...]}`` runs one engine after another in this one process (each shut down and
 vLLM's distributed state torn down before the next, as vLLM's own tests do with
@@ -36,9 +38,11 @@ def run_one(config):
 
     llm = LLM(**config["llm"], **({"disable_log_stats": False} if config.get("spec_counters") else {}))
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in config["prompts"]]
-    params = SamplingParams(temperature=config.get("temperature", 0.0), seed=config.get("seed"),
-                            max_tokens=config.get("max_tokens", 16),
-                            prompt_logprobs=0 if config.get("prompt_logprobs") else None)
+    base = {"temperature": config.get("temperature", 0.0), "seed": config.get("seed"),
+            "max_tokens": config.get("max_tokens", 16), "prompt_logprobs": 0 if config.get("prompt_logprobs") else None}
+    params = SamplingParams(**base)
+    if config.get("per_prompt"):
+        params = [SamplingParams(**{**base, **_structured(overrides)}) for overrides in config["per_prompt"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     repeat = None
     if config.get("repeat"):
@@ -73,6 +77,7 @@ def run_one(config):
         "pid": os.getpid(),
         "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
         "texts": [o.outputs[0].text for o in outputs],
+        "finish_reasons": [o.outputs[0].finish_reason for o in outputs],
         "workers": workers,
         "alone_token_ids": alone,
         "ledgers": ledgers,
@@ -83,6 +88,17 @@ def run_one(config):
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
     }
     return result, llm
+
+
+def _structured(overrides):
+    """One prompt's ``SamplingParams`` keywords: ``overrides`` with ``structured_outputs`` (the keyword arguments of
+    ``StructuredOutputsParams``) built."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    out = dict(overrides)
+    if "structured_outputs" in out:
+        out["structured_outputs"] = StructuredOutputsParams(**out["structured_outputs"])
+    return out
 
 
 def _speculative(llm):

@@ -95,9 +95,6 @@ def test_by_default_the_engine_does_not_speculate(default_off):
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="under ngram speculation on vLLM 0.28's CPU runner a seeded, sampled "
-                   "request did not repeat its tokens (from about token 20 of 48); the cause is not found "
-                   "(docs/speculation.md): one more reason speculation is not on by default")
 def test_a_seeded_sampled_request_repeats_its_tokens_under_auto(default_on):
     sampled = default_on["runs"][2]
     assert sampled["speculative"]["method"] == "ngram" and sampled["spec_counters"]["drafts"] > 0

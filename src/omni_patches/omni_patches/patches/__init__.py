@@ -30,7 +30,7 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The sixteen patches, in application order."""
+    """The seventeen patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
@@ -44,10 +44,11 @@ def all_patches() -> list[Patch]:
     from omni_patches.patches.sampler_seeds import PATCH as SEEDS
     from omni_patches.patches.seeded_prefill import PATCH as SEEDED_PREFILL
     from omni_patches.patches.small_warmup import PATCH as WARMUP
+    from omni_patches.patches.spec_expand import PATCH as SPEC_EXPAND
     from omni_patches.patches.speculation_default import PATCH as SPECULATION
     from omni_patches.patches.token_ids import PATCH as TOKEN_IDS
     from omni_patches.patches.tokenizer_pool import PATCH as TOKENIZER_POOL
 
     return [AOT, KV, RELEASE, BATCH, SEEDS, WARMUP, PP, MODELINFO, TOKEN_IDS, EMBEDDING, TOKENIZER_POOL,
             PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL,
-            LORA_EMBEDDING]
+            LORA_EMBEDDING, SPEC_EXPAND]
