@@ -117,3 +117,110 @@ def test_fuzzed_requests_leave_the_server_serving_the_same_text(server):
     assert _normal(port) == before
     print(f"fuzz: {FUZZ_REQUESTS} requests, status codes {dict(sorted(seen.items()))}")
     assert not server_errors, f"{len(server_errors)} answers >= 500, first: {server_errors[:3]}"
+
+
+VALID_REQUESTS = 150
+stop_strings = st.sampled_from([" the", "\n", "e t", ".", "。", "Once upon", "🙂"])
+SAMPLING_EDGES = {
+    "temperature": st.sampled_from([0.0, 1e-3, 0.5, 1.0, 2.0]), "top_p": st.floats(0.01, 1.0),
+    "top_k": st.sampled_from([-1, 1, 5, 50]), "min_p": st.floats(0.0, 0.5), "seed": st.integers(0, 2**31 - 1),
+    "n": st.integers(1, 3), "stop": st.one_of(stop_strings, st.lists(stop_strings, max_size=3)),
+    "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+    "repetition_penalty": st.floats(0.5, 2.0), "ignore_eos": st.booleans(), "min_tokens": st.integers(0, 1),
+    "stream": st.booleans(),
+}
+short_text = st.text(min_size=1, max_size=25)  # any Unicode but surrogates: at most ~100 tokens
+VALID_COMPLETION = st.fixed_dictionaries(
+    {"model": st.just("MODEL"), "max_tokens": st.integers(1, 16),
+     "prompt": st.one_of(short_text, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=110))},
+    optional={**SAMPLING_EDGES, "logprobs": st.integers(0, 5), "prompt_logprobs": st.integers(0, 2),
+              "echo": st.booleans()})
+VALID_CHAT = st.fixed_dictionaries(
+    {"model": st.just("MODEL"), "max_completion_tokens": st.integers(1, 16),
+     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": short_text}),
+                          min_size=1, max_size=2).map(lambda m: [{"role": "user", "content": m[0]["content"]}, *m[1:]])},
+    optional={**SAMPLING_EDGES, "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5)},
+).map(lambda b: {**b, "logprobs": True} if "top_logprobs" in b else b)  # vLLM requires logprobs with top_logprobs
+VALID = st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), st.booleans(), st.data())
+
+
+def _stream_then_cancel(port: int, path: str, body: dict) -> int:
+    """POST a streamed request, read its first event, and close the connection (a client that goes away)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if resp.status == 200:
+            resp.fp.readline()  # the first server-sent event
+        return resp.status
+    finally:
+        conn.close()
+
+
+def test_valid_unusual_requests_reach_the_engine_and_leave_it_serving(server):
+    """Bodies that are valid but sit at the edges (sampling parameters, n > 1, logprobs, stop strings across
+    tokens, non-ASCII text, prompts near max_model_len 128, streamed, cancelled midway): at least half are
+    answered 200, none with 5xx, and the server then answers a known greedy request as before."""
+    port, proc, log = server
+    before = _normal(port)
+    seen: collections.Counter = collections.Counter()
+    server_errors: list[tuple[str, object, str]] = []
+    refused: list[tuple[object, str]] = []
+
+    @settings(max_examples=VALID_REQUESTS, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(VALID)
+    def one(request):
+        path, cancel, data = request
+        body = data.draw(VALID_COMPLETION if path == "/v1/completions" else VALID_CHAT)
+        if cancel and body.get("stream"):
+            status, reply = _stream_then_cancel(port, path, body), ""
+            seen["cancelled"] += 1
+        else:
+            status, reply = _post(port, path, body)
+        seen[status] += 1
+        if status >= 500:
+            server_errors.append((path, body, reply[:300]))
+        elif status != 200:
+            refused.append((body, reply[:200]))
+        assert proc.poll() is None, f"the server died on {path} {body!r}"
+
+    one()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as r:
+        assert r.status == 200
+    assert _normal(port) == before
+    print(f"valid fuzz: {VALID_REQUESTS} requests, status codes {dict(sorted(seen.items(), key=str))}; "
+          f"refused, first: {refused[:3]}")
+    assert not server_errors, f"{len(server_errors)} answers >= 500, first: {server_errors[:3]}"
+    assert seen[200] >= VALID_REQUESTS / 2, f"only {seen[200]} of {VALID_REQUESTS} answered 200: {refused[:5]}"
+
+
+def _sse_text(port: int, body: dict) -> str:
+    """The ``choices[0].text`` of every event of a streamed completion, joined."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    parts = []
+    with urllib.request.urlopen(req, timeout=120) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                parts.extend(c["text"] for c in json.loads(line[len("data: "):])["choices"])
+    return "".join(parts)
+
+
+def test_c23_a_token_prompt_ending_inside_a_character_streams_what_it_answers(server, int4_model_dir):
+    from transformers import AutoTokenizer
+
+    port, _, _ = server
+    tok = AutoTokenizer.from_pretrained(str(int4_model_dir))
+    ids = tok.encode("日本語のテキスト")
+    cut = next(n for n in range(3, len(ids)) if tok.decode(ids[:n]).endswith("\ufffd"))  # inside a character
+    body = {"model": "MODEL", "prompt": ids[:cut], "max_tokens": 12, "temperature": 0.0}
+    status, reply = _post(port, "/v1/completions", body)
+    assert status == 200, reply
+    whole = json.loads(reply)["choices"][0]["text"]
+    streamed = _sse_text(port, {**body, "stream": True})
+    assert streamed == whole
+    assert "日本" not in streamed, f"the prompt's text is in the output: {streamed!r}"

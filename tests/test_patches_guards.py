@@ -67,7 +67,8 @@ def test_apply_twice_changes_nothing_the_second_time():
         "_patch_cpu_embedding_gemm_copy", "_patch_cpu_small_warmup", "_patch_tokenizer_pool_in_background",
         "_patch_text_model_processor_probe", "_patch_cpu_modelinfo_in_process",
         "_patch_cpu_speculation_default", "_patch_cpu_seeded_chunked_prefill",
-        "_patch_lora_on_quantized_embeddings", "_patch_cpu_spec_expand_kernel"])
+        "_patch_lora_on_quantized_embeddings", "_patch_cpu_spec_expand_kernel",
+        "_patch_detokenizer_prompt_mid_character"])
     assert out["same"] and out["changed"] == []
 
 

@@ -30,9 +30,10 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The seventeen patches, in application order."""
+    """The eighteen patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
+    from omni_patches.patches.detokenizer_prompt_tail import PATCH as DETOKENIZER_TAIL
     from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
     from omni_patches.patches.kv_cache import PATCH as KV
     from omni_patches.patches.lora_embedding import PATCH as LORA_EMBEDDING
@@ -51,4 +52,4 @@ def all_patches() -> list[Patch]:
 
     return [AOT, KV, RELEASE, BATCH, SEEDS, WARMUP, PP, MODELINFO, TOKEN_IDS, EMBEDDING, TOKENIZER_POOL,
             PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL,
-            LORA_EMBEDDING, SPEC_EXPAND]
+            LORA_EMBEDDING, SPEC_EXPAND, DETOKENIZER_TAIL]
