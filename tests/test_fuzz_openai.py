@@ -135,10 +135,10 @@ VALID_COMPLETION = st.fixed_dictionaries(
      "prompt": st.one_of(short_text, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=110))},
     optional={**SAMPLING_EDGES, "logprobs": st.integers(0, 5), "prompt_logprobs": st.integers(0, 2),
               "echo": st.booleans()})
+turns = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": short_text}),
+                 min_size=1, max_size=2).map(lambda m: [{"role": "user", "content": m[0]["content"]}, *m[1:]])
 VALID_CHAT = st.fixed_dictionaries(
-    {"model": st.just("MODEL"), "max_completion_tokens": st.integers(1, 16),
-     "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": short_text}),
-                          min_size=1, max_size=2).map(lambda m: [{"role": "user", "content": m[0]["content"]}, *m[1:]])},
+    {"model": st.just("MODEL"), "max_completion_tokens": st.integers(1, 16), "messages": turns},
     optional={**SAMPLING_EDGES, "logprobs": st.booleans(), "top_logprobs": st.integers(0, 5)},
 ).map(lambda b: {**b, "logprobs": True} if "top_logprobs" in b else b)  # vLLM requires logprobs with top_logprobs
 VALID = st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions"]), st.booleans(), st.data())
