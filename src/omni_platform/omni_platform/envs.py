@@ -142,6 +142,14 @@ SETTINGS: dict[str, Setting] = {
             "dynamic threshold, under which freed temporaries up to 32 MiB stay resident.",
         ),
         Setting(
+            "OMNI_MALLOC_TRIM_S",
+            _nonneg_int,
+            10,
+            "Seconds between malloc_trim(0) calls in every omni process (omni_platform.malloc_tuning): glibc "
+            "returns the free pages inside its heap, which fragmentation by requests of varying lengths "
+            "otherwise keeps resident (C27). 0: never.",
+        ),
+        Setting(
             "OMNI_AUTO_KV_CACHE_MEMORY_BYTES",
             _nonneg_int,
             None,

@@ -195,10 +195,12 @@ def activate() -> dict[str, str]:
         _active[ext.name] = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else ext.distribution
     _activated = True
     from omni_platform.malloc_tuning import apply as fix_mmap_threshold
+    from omni_platform.malloc_tuning import start_trimmer
 
     threshold = fix_mmap_threshold()  # freed temporaries back to the OS, here and in spawned processes
     if threshold is not None:
         logger.debug("omni: glibc malloc's mmap threshold fixed at %d bytes", threshold)
+    start_trimmer()  # free pages inside glibc's heap back to the OS every OMNI_MALLOC_TRIM_S seconds (C27)
     _append_activation_log(platform)
     return active_extensions()
 

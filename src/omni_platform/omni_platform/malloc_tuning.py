@@ -15,6 +15,15 @@ threshold at twice it, glibc ``malloc/malloc.c``).
 the processes it spawns, so that an engine core is covered from its first allocation. A value the
 user already set in ``MALLOC_MMAP_THRESHOLD_`` (or ``GLIBC_TUNABLES``) is left alone. Not glibc (musl,
 tcmalloc preloaded): nothing is done.
+
+What stays below the threshold fragments glibc's heap: a server answering requests of varying lengths frees
+chunks of many sizes, and the free pages between live chunks stay resident. Measured on omni's SmolLM2 server
+(3000 short chat requests at concurrency 8, C27), the tree's RssAnon grew 0.6-1.3 KiB a request between the
+first and third thousand; tracemalloc saw no growth of Python objects in that span, and with ``malloc_trim(0)``
+every few seconds (glibc returns whole free pages inside the heap with ``MADV_DONTNEED``) the growth was
+0.24 KiB a request and the front end held 22 MiB less. :func:`start_trimmer` does that: a daemon thread per
+process calls ``malloc_trim(0)`` every ``OMNI_MALLOC_TRIM_S`` seconds (restarted in forked children, such as
+the engine core omni forks); a trim costs the thread milliseconds and takes glibc's arena locks briefly.
 """
 
 from __future__ import annotations
@@ -22,10 +31,12 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
+import time
 
 from omni_platform import envs
 
-__all__ = ["M_MMAP_THRESHOLD", "apply"]
+__all__ = ["M_MMAP_THRESHOLD", "apply", "start_trimmer"]
 
 logger = logging.getLogger("vllm.omni_platform.malloc")
 
@@ -52,3 +63,37 @@ def apply() -> int | None:
         return None
     os.environ[_ENV] = str(value)
     return value
+
+
+_trimmer_pid: int | None = None
+
+
+def _glibc():
+    """glibc's ``libc`` handle, or None (not glibc, or tcmalloc preloaded)."""
+    libc = ctypes.CDLL(None)
+    if getattr(libc, "malloc_trim", None) is None or hasattr(libc, "MallocExtension_GetNumericProperty"):
+        return None
+    return libc
+
+
+def _trim_forever(libc, period_s: int) -> None:
+    while True:
+        time.sleep(period_s)
+        libc.malloc_trim(0)
+
+
+def start_trimmer() -> bool:
+    """Start this process's ``malloc_trim`` thread (once per process, and again in a forked child); return
+    whether one runs. Nothing when ``OMNI_MALLOC_TRIM_S`` is 0 or glibc's ``malloc_trim`` is absent."""
+    global _trimmer_pid
+    period = envs.OMNI_MALLOC_TRIM_S
+    if not period or _trimmer_pid == os.getpid():
+        return _trimmer_pid == os.getpid()
+    libc = _glibc()
+    if libc is None:
+        return False
+    if _trimmer_pid is None:
+        os.register_at_fork(after_in_child=start_trimmer)  # threads do not survive fork
+    _trimmer_pid = os.getpid()
+    threading.Thread(target=_trim_forever, args=(libc, period), name="omni-malloc-trim", daemon=True).start()
+    return True
