@@ -173,6 +173,10 @@ bench-user: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP) $(IK_STAMP) $(QWEN_STAMP
 	$(PY) -m harness bench --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
 	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
 	$(PY) -m harness results plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
+	# the peers at their best: llama-server's flag search and ik_llama.cpp with and without its repacking
+	$(PY) -m harness bench --spec harness/specs/peers_qwen.json --passes $(BENCH_PASSES) \
+	    --metric tg_tps,pp_tps,agg_tg_tps,rss_total_tree_mb,start_warm_s --cores $(CORES) --timeout 1800 \
+	    --out harness/results/peers_qwen-$(shell date -u +%Y%m%dT%H%M%SZ).json
 	# llama.cpp's AMX decode: only where the CPU has AMX (elsewhere the user_size arm already runs
 	# llama.cpp with its extra buffer types)
 	if grep -qw amx_int8 /proc/cpuinfo; then \
