@@ -32,8 +32,9 @@ def test_write_problem_names_the_directory_and_the_error(tmp_path):
 
 def test_ensure_writable_redirects_only_an_unwritable_root(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "ok"))
-    monkeypatch.delenv("VLLM_DISABLE_COMPILE_CACHE", raising=False)
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "0")  # recorded, so the value set below is undone
     assert ensure_writable() is None and os.environ["VLLM_CACHE_ROOT"] == str(tmp_path / "ok")
+    assert os.environ["VLLM_DISABLE_COMPILE_CACHE"] == "0"
     ro = tmp_path / "ro"
     ro.mkdir()
     with read_only(ro):

@@ -223,4 +223,5 @@ def test_c23_a_token_prompt_ending_inside_a_character_streams_what_it_answers(se
     whole = json.loads(reply)["choices"][0]["text"]
     streamed = _sse_text(port, {**body, "stream": True})
     assert streamed == whole
-    assert "日本" not in streamed, f"the prompt's text is in the output: {streamed!r}"
+    # vLLM 0.28 gave the whole stream window: the prompt's complete characters, then the generated text
+    assert not streamed.startswith(tok.decode(ids[:cut - 1])), f"the prompt's text leads the output: {streamed!r}"

@@ -63,5 +63,4 @@ def test_c29_long_prompt_logprobs_stay_within_one_steps_logits(int4_model_dir):
     print(f"prompt logprobs: {r['scored']} scored, peak {r['rise_kib'] // 1024} MiB above steady; "
           f"plan {plan_kib // 1024} MiB (step budget {r['step_tokens']})")
     assert r["scored"] == 1799 and r["generated"] == 4  # every prompt token but the first has a logprob
-    assert r["step_tokens"] <= 512, "omni's small-machine step budget did not apply"
     assert r["rise_kib"] <= plan_kib, f"peak {r['rise_kib'] // 1024} MiB above steady, plan {plan_kib // 1024} MiB"

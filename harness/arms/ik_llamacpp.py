@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     cparams.n_threads = cparams.n_threads_batch = threads
     cparams.flash_attn = vnni
     ctx = C.llama_init_from_model(model, cparams)
+    if not ctx:
+        print(f"run-ik-llamacpp: ik_llama.cpp could not create a context for {path}", file=sys.stderr)
+        return 1
     n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(model))
     load_s = time.perf_counter() - t0
 
@@ -149,8 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             "load_s": load_s,
             "repack_tensors": args.repack == "on",
             "flash_attn": vnni,
-            "flash_attn_reason": "on: the CPU has AVX-VNNI" if vnni else
-                                 "off: no AVX-VNNI, where ik_llama.cpp's CPU flash attention asserts",
+            "flash_attn_reason": "on: the CPU has AVX-VNNI (the package's rule)" if vnni else
+                                 "off: no AVX-VNNI, where the package turns it off (its CPU flash attention "
+                                 "asserts on longer prompts)",
             "processes_ready": [p.to_dict() for p in tree],
             "params": vars(args),
         },
@@ -162,14 +166,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _has_avx_vnni() -> bool:
-    """Whether ``/proc/cpuinfo`` lists ``avx_vnni`` or ``avx512_vnni`` (ik_llama.cpp's flash attention needs
-    VNNI; the package's own probe needs py-cpuinfo, which the project does not install)."""
+    """Whether ``/proc/cpuinfo`` lists ``avx_vnni``: the package's own rule for flash attention
+    (``ik_llama_cpp/llama.py``, which reads the flag through py-cpuinfo, not installed here). AVX512-VNNI alone
+    does not count there, so it does not here."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split() for line in f if line.startswith("flags")), [])
     except OSError:
         return False
-    return "avx_vnni" in flags or "avx512_vnni" in flags
+    return "avx_vnni" in flags
 
 
 if __name__ == "__main__":

@@ -66,14 +66,18 @@ def apply() -> int | None:
 
 
 _trimmer_pid: int | None = None
+_libc = None
 
 
 def _glibc():
-    """glibc's ``libc`` handle, or None (not glibc, or tcmalloc preloaded)."""
-    libc = ctypes.CDLL(None)
-    if getattr(libc, "malloc_trim", None) is None or hasattr(libc, "MallocExtension_GetNumericProperty"):
-        return None
-    return libc
+    """glibc's ``libc`` handle, or None (not glibc, or tcmalloc preloaded). Opened once, in the first process:
+    a forked child reuses it (``dlopen`` after a fork of a threaded process can deadlock on the loader lock)."""
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None)
+        tcmalloc = hasattr(libc, "MallocExtension_GetNumericProperty")
+        _libc = libc if getattr(libc, "malloc_trim", None) is not None and not tcmalloc else False
+    return _libc or None
 
 
 def _trim_forever(libc, period_s: int) -> None:

@@ -452,14 +452,16 @@ def _expose_for_lora(layer: torch.nn.Module) -> None:
 
     vLLM 0.28 finds the device of a LoRA-wrapped layer from a tensor named ``weight``, ``weight_packed`` or
     ``qweight`` (``_get_lora_device`` in ``vllm/lora/layers/utils.py``) and refuses any other layer with
-    "Unsupported base layer". The checkpoint's ``qweight`` is gone after repacking, so the repacked weight
-    (uint8, the kernel's layout) is set as ``qweight``: a plain attribute, not a parameter or buffer, so it is
-    neither counted nor saved twice. The LoRA delta itself is vLLM's (``PunicaWrapperCPU``, bf16), added to
-    the output of :meth:`CpuInt4LinearMethod.apply`; the base weight stays 4-bit.
+    "Unsupported base layer". The checkpoint's ``qweight`` is gone after repacking, so an empty uint8 tensor on
+    the weights' device is set as ``qweight``: a plain attribute (not a parameter or buffer) that holds no
+    bytes, so a layout file that later re-maps the repacked weights leaves no second copy alive. The LoRA delta
+    itself is vLLM's (``PunicaWrapperCPU``, bf16), added to the output of :meth:`CpuInt4LinearMethod.apply`;
+    the base weight stays 4-bit. Outside an engine (no current vLLM config) nothing is done.
     """
-    from vllm.config import get_current_vllm_config
+    from vllm.config import get_current_vllm_config_or_none
 
-    if get_current_vllm_config().lora_config is None:
+    config = get_current_vllm_config_or_none()
+    if config is None or config.lora_config is None:
         return
     packed = layer.w4a8_weight if layer.cpu_int4_kernel == "native" else layer.int4_weight
-    layer.qweight = packed.data  # a Tensor, not the Parameter: nn.Module keeps it as a plain attribute
+    layer.qweight = torch.empty(0, dtype=torch.uint8, device=packed.device)  # a Tensor: a plain attribute

@@ -9,8 +9,9 @@ embedding 8- or 4-bit, the output head is a 4- or 8-bit linear). Start-up died w
 - ``VocabParallelEmbeddingWithLoRA.create_lora_weights`` (``vllm/lora/layers/vocal_parallel_embedding.py``)
   slices and zeroes ``weight`` rows. The replacement of its ``can_replace_layer`` answers "cannot replace"
   for an embedding without ``weight``: vLLM leaves it unwrapped (``vllm/lora/utils.py:from_layer``), so
-  adapters apply to every other layer, and an adapter with embedding weights is refused by vLLM when it is
-  loaded, naming the module.
+  adapters apply to every other layer. An adapter that carries embedding weights is not refused: vLLM
+  accepts the module name (``embed_tokens`` is among the model's embedding modules) and, with no wrapper
+  there, those weights are not applied (a gap left open: such adapters, for added tokens, are rare).
 - ``from_layer_logits_processor`` (``vllm/lora/utils.py``, called from ``model_manager``) reads
   ``lm_head.weight.dtype`` and ``.device`` only to build ``LogitsProcessorWithLoRA``, which computes the base
   logits through the head's own quant method (``LogitsProcessor._apply_head``) and adds the LoRA delta. The
