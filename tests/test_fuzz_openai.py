@@ -59,7 +59,7 @@ REQUEST = st.one_of(st.tuples(st.just("/v1/completions"), COMPLETION), st.tuples
                     st.tuples(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/tokenize"]), junk))
 
 
-def _post(port: int, path: str, body, timeout: float = 120) -> tuple[int, str]:
+def _post(port: int, path: str, body, timeout: float = 300) -> tuple[int, str]:
     data = json.dumps(body, allow_nan=True).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
                                  headers={"Content-Type": "application/json"})
