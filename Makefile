@@ -10,11 +10,15 @@ STAMP  := $(VENV)/.omni-setup
 MODEL  ?= smollm2-135m-int4
 PORT   ?= 8000
 PYTEST_ARGS ?=
-# Two pytest workers on a 2-core machine: much of the suite is single-threaded (imports, conversion,
-# checkpoints built on the fly), so a second worker overlaps it with the engines; a module stays on one
-# worker (--dist loadscope), so its engines and fixtures are shared as before. TEST_WORKERS=0: one process.
+# The suite runs in two phases. Tests not marked `engine` run on TEST_WORKERS pytest workers (a module
+# stays on one worker, --dist loadscope). Engine tests then run in one process: every engine binds its
+# OpenMP threads to all the cores it may use, and two engines (or an engine beside a busy worker) on the
+# same cores wait a scheduler slice at every barrier. Measured on a 2-core host: the valid OpenAI fuzz
+# took 292 s beside another worker and 15 s alone; C26's engines 612 s and 66 s. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+# Run pytest phase $(1) (a marker expression) with extra options $(2); "no test collected" (5) is a pass.
+PYTEST_PHASE = { $(PY) -m pytest -m "$(1)" $(2) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || ok=1; }
 
 # CI (the variable CI set, non-empty, not 0/false; `bash .ci/run` sets it): the W4A8 kernel must build
 # (setup.py's OMNI_QUANT_REQUIRE_KERNEL, and the check below), and the suite fails on any skip that
@@ -226,7 +230,7 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 test: $(STAMP) $(LCP_STAMP) $(ARCTIC_STAMP) $(IK_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python and arctic-inference once)
 	$(if $(CI_ON),$(KERNEL_CHECK))
 	$(PY) -m harness models fetch smollm2-135m-int4
-	$(PY) -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	@ok=0; $(call PYTEST_PHASE,not engine,$(PYTEST_WORKERS)); $(call PYTEST_PHASE,engine,); exit $$ok
 
 test-fast: $(STAMP)  ## the tests not marked engine: no engine start, no llama.cpp build
 	$(PY) -m harness models fetch smollm2-135m-int4
