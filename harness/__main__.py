@@ -6,8 +6,8 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
-``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load`` and
-``run-soak`` (servers under load).
+``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load``,
+``run-load-openvino`` and ``run-soak`` (servers under load).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ COMMANDS = {
     "run-llama-server": "harness.arms.llama_server",
     "run-llamacpp-server": "harness.arms.llamacpp_server",
     "run-load": "harness.load.sweep",
+    "run-load-openvino": "harness.load.openvino_cb",
     "run-soak": "harness.load.soak",
     "plot-load": "harness.load.plot",
 }

@@ -181,3 +181,49 @@ def test_windows_split_by_send_time(stub: str) -> None:
     assert rows == [{"window": 0, "start_s": 0.0, "requests": 2, "ok": 1, "errors": 1,
                      "ttft_p50_ms": pytest.approx(results[0].ttft_s * 1000),
                      "ttft_p99_ms": pytest.approx(results[0].ttft_s * 1000)}]
+
+
+class _SteppedStub:
+    """A stepped engine like OpenVINO's ContinuousBatchingPipeline: one token per running request per step, for
+    ``max_tokens`` steps; a request whose text is "fail" raises at submit. Records how many ran at once."""
+
+    def __init__(self) -> None:
+        self.running: dict[int, int] = {}
+        self.most = 0
+        self.t = 0.0
+
+    def submit(self, i: int, r: dict) -> int:
+        if r["body"]["messages"][-1]["content"] == "fail":
+            raise RuntimeError("refused")
+        self.running[i] = int(r["body"]["max_tokens"])
+        self.most = max(self.most, len(self.running))
+        return i
+
+    def step(self) -> None:
+        self.t += 0.01
+        for i in self.running:
+            self.running[i] -= 1
+
+    def poll(self, i: int) -> tuple[int, bool]:
+        left = self.running[i]
+        if left <= 0:
+            del self.running[i]
+        return 1, left <= 0
+
+
+def test_the_stepped_closed_loop_keeps_n_running_and_times_each_step() -> None:
+    from harness.load.openvino_cb import drive_closed_loop
+
+    stub = _SteppedStub()
+    reqs = [{"body": {"messages": [{"role": "user", "content": "fail" if i == 3 else "x"}], "max_tokens": 5 + i}}
+            for i in range(10)]
+    results, wall = drive_closed_loop(stub.submit, stub.step, stub.poll, reqs, 4, clock=lambda: stub.t)
+    assert stub.most == 4 and [r.index for r in results] == list(range(10))
+    assert [r.completion_tokens for r in results] == [5 + i if i != 3 else 0 for i in range(10)]
+    assert results[3].error == "RuntimeError: refused" and not results[3].ok
+    s = summarize(results, wall)
+    assert (s["requests"], s["ok"], s["errors_other"]) == (10, 9, 1)  # refused at submit: no status, an error
+    assert s["itl_p50_ms"] == pytest.approx(10.0) and s["ttft_p50_ms"] == pytest.approx(10.0)
+    assert s["completion_tokens"] == sum(5 + i for i in range(10) if i != 3)
+    with pytest.raises(ValueError, match="at least 1"):
+        drive_closed_loop(stub.submit, stub.step, stub.poll, reqs, 0)
