@@ -10,15 +10,17 @@ STAMP  := $(VENV)/.omni-setup
 MODEL  ?= smollm2-135m-int4
 PORT   ?= 8000
 PYTEST_ARGS ?=
-# The suite runs in two phases. Tests not marked `engine` run on TEST_WORKERS pytest workers (a module
-# stays on one worker, --dist loadscope). Engine tests then run in one process: every engine binds its
-# OpenMP threads to all the cores it may use, and two engines (or an engine beside a busy worker) on the
-# same cores wait a scheduler slice at every barrier. Measured on a 2-core host: the valid OpenAI fuzz
-# took 292 s beside another worker and 15 s alone; C26's engines 612 s and 66 s. TEST_WORKERS=0: one process.
+# The suite runs in three phases. Tests not marked `engine` run on TEST_WORKERS pytest workers (a module stays
+# on one worker, --dist loadscope). Engine tests then run on TEST_WORKERS workers pinned to a CPU each
+# (OMNI_TEST_PIN=1, tests/conftest.py): an engine binds its OpenMP threads to every CPU it may use, and two
+# engines on the same cores wait a scheduler slice at every barrier (measured on a 2-core host: the valid OpenAI
+# fuzz took 292 s beside another worker, 15 s alone). Last, the `two_cores` tests (tensor and pipeline
+# parallel) in one unpinned process. TEST_WORKERS=0: one process for each phase, nothing pinned.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope)
+PIN_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMNI_TEST_PIN=1)
 # Run pytest phase $(1) (a marker expression) with extra options $(2); "no test collected" (5) is a pass.
-PYTEST_PHASE = { $(PY) -m pytest -m "$(1)" $(2) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || ok=1; }
+PYTEST_PHASE = { $(3) $(PY) -m pytest -m "$(1)" $(2) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || ok=1; }
 
 # CI (the variable CI set, non-empty, not 0/false; `bash .ci/run` sets it): the W4A8 kernel must build
 # (setup.py's OMNI_QUANT_REQUIRE_KERNEL, and the check below), and the suite fails on any skip that
@@ -231,7 +233,9 @@ ov-model: $(STAMP) $(OV_STAMP) $(QWEN_STAMP)
 test: $(STAMP) $(LCP_STAMP) $(ARCTIC_STAMP) $(IK_STAMP)  ## the whole suite (engine tests included; builds llama-cpp-python and arctic-inference once)
 	$(if $(CI_ON),$(KERNEL_CHECK))
 	$(PY) -m harness models fetch smollm2-135m-int4
-	@ok=0; $(call PYTEST_PHASE,not engine,$(PYTEST_WORKERS)); $(call PYTEST_PHASE,engine,); exit $$ok
+	@ok=0; $(call PYTEST_PHASE,not engine,$(PYTEST_WORKERS)); \
+	    $(call PYTEST_PHASE,engine and not two_cores,$(PYTEST_WORKERS),$(PIN_ENV)); \
+	    $(call PYTEST_PHASE,two_cores,); exit $$ok
 
 test-fast: $(STAMP)  ## the tests not marked engine: no engine start, no llama.cpp build
 	$(PY) -m harness models fetch smollm2-135m-int4

@@ -39,6 +39,30 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+# `make test`'s engine phase (Makefile) runs two pytest workers with OMNI_TEST_PIN=1: each worker, and so every
+# engine it starts, is pinned to a CPU of its own (omni plans its threads from the affinity), so no OpenMP
+# barrier waits on another engine's threads. Tests that need two CPUs (tensor or pipeline parallel) are
+# marked `two_cores` and run afterwards in one unpinned process; a pinned worker refuses to run them.
+PIN = os.environ.get("OMNI_TEST_PIN") == "1"
+
+
+def pytest_configure(config) -> None:
+    """Pin this xdist worker to one allowed CPU (worker i takes the i-th) when OMNI_TEST_PIN=1."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if PIN and worker.startswith("gw"):
+        cpus = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under OMNI_TEST_PIN=1, a `two_cores` test selected for a pinned run is an error, not a silent skip."""
+    if PIN and os.environ.get("PYTEST_XDIST_WORKER"):
+        wrong = [it.nodeid for it in items if it.get_closest_marker("two_cores")]
+        if wrong:
+            raise pytest.UsageError(f"two_cores tests selected in a pinned run (deselect them: -m 'not two_cores'): "
+                                    f"{wrong[:3]}")
+
+
 # Not a declared machine condition (tests/skips.py): CI does not set the variable, and if it did,
 # these skips would fail there.
 needs_default_layout = pytest.mark.skipif(

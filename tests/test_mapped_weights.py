@@ -183,6 +183,7 @@ def test_compiled_mapped_equals_compiled_copied(mapped_dir, first_and_second):
     _same_outputs(mapped_c, copied_c)
 
 
+@pytest.mark.two_cores
 def test_tensor_parallel_workers_map_one_file_each(tiny_llama, tmp_path):
     """tensor_parallel_size=2: each worker process writes, then maps, the layout file of its own shard; the
     tokens equal one worker's on the copies."""

@@ -107,6 +107,7 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
     assert full["token_ids"] == on["token_ids"]
 
 
+@pytest.mark.two_cores
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_c17_pipeline_parallel_bug_without_the_patch(tiny_llama):
     """pipeline_parallel_size=2, eager, the patch switched off: the second stage fails at the first

@@ -113,6 +113,7 @@ def test_fidelity_against_bf16(real_model, int4_model_dir):
     assert result["top1_agreement"] >= 0.85, result
 
 
+@pytest.mark.two_cores
 def test_tp2_equals_tp1_on_a_converted_tiny_model(tiny_llama, tmp_path_factory):
     from omni_quant.convert import convert
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import clean_env, run_engine
 from skips import FEWER_THAN_TWO_CPUS
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.two_cores]
 
 PROMPTS = [[1, 17, 42, 99, 7], [1, 300, 5, 5, 5, 12, 400], [1, 2, 3]]
 
