@@ -152,6 +152,7 @@ _ALL = [
            "a known greedy request's text after the soak equals its text before (1) or not (0)", "the server's log",
            positive=False),
     Metric("op_self_us", Direction.LOWER, "us", 5.0, True, "per-op self time of a decode step"),
+    Metric("step_wall_us", Direction.LOWER, "us", 5.0, True, "wall time of a decode step without the profiler"),
     Metric("seconds", Direction.LOWER, "s", 5.0, False, "generic wall time", "more passes on idle cores"),
 ]
 

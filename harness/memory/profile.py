@@ -8,6 +8,9 @@ generates ``1 + decode_steps``. Per op, (self CPU time of B - of A) / decode_ste
 self time of that op in one decode step at depth ``prompt_len``. Ops are grouped into
 GEMM, attention, norms and other; the last stdout line is JSON (microseconds). ``--out`` also writes
 it as an artifact with the CPU model and flags, the versions and the per-op table.
+``step_wall_us`` is the wall time of one decode step without the profiler: (best of three unprofiled runs of
+B - best of three of A) / decode_steps, through ``vllm.LLM`` (scheduler, engine core and worker together); what
+it holds beyond the ops' self time is Python and scheduling between the ops.
 This is the tool that separates arms whose end-to-end numbers are NOT A RANKING.
 """
 
@@ -87,15 +90,24 @@ def main(argv: list[str] | None = None) -> int:
     # By module name, not __main__: the worker must keep the profiler in one module's globals.
     from harness.memory import profile as worker_side
 
+    import time
+
+    walls: dict[int, list[float]] = {}
+
     def profiled(n: int) -> dict[str, float]:
         sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
-        llm.generate([prompt], sp, use_tqdm=False)  # warm, unprofiled
+        for _ in range(3):  # warm, unprofiled, timed: the best of three
+            t = time.perf_counter()
+            llm.generate([prompt], sp, use_tqdm=False)
+            walls.setdefault(n, []).append(time.perf_counter() - t)
         llm.collective_rpc(worker_side.start)
         llm.generate([prompt], sp, use_tqdm=False)
         return llm.collective_rpc(worker_side.stop)[0]
 
     a = profiled(1)
     b = profiled(1 + args.decode_steps)
+    # one decode step as vllm.LLM runs it without the profiler (engine core, scheduler, worker), microseconds
+    step_wall_us = (min(walls[1 + args.decode_steps]) - min(walls[1])) / args.decode_steps * 1e6
     per_op = {k: (b.get(k, 0.0) - a.get(k, 0.0)) / args.decode_steps for k in set(a) | set(b)}
     per_op = {k: v for k, v in per_op.items() if v > 0.5}
     groups: dict[str, float] = {}
@@ -103,12 +115,13 @@ def main(argv: list[str] | None = None) -> int:
         groups[classify(k)] = groups.get(classify(k), 0.0) + v
     total = sum(groups.values())
     top = sorted(per_op.items(), key=lambda kv: -kv[1])[:15]
-    print(f"decode step at depth {args.prompt_len}: {total:.0f} us of op self time")
+    print(f"decode step at depth {args.prompt_len}: {total:.0f} us of op self time (profiled), "
+          f"{step_wall_us:.0f} us of wall time (unprofiled)")
     for g, v in sorted(groups.items(), key=lambda kv: -kv[1]):
         print(f"  {g:10s} {v:9.0f} us  {100 * v / total:5.1f}%")
     for k, v in top:
         print(f"    {k:50s} {v:9.1f} us  [{classify(k)}]")
-    result = {"metrics": {"op_self_us": total}, "groups_us": groups,
+    result = {"metrics": {"op_self_us": total, "step_wall_us": step_wall_us}, "groups_us": groups,
               "share": {g: v / total for g, v in groups.items()}, "top_ops_us": dict(top), "params": vars(args)}
     print(json.dumps(result), flush=True)
     if args.out:
