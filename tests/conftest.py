@@ -54,6 +54,7 @@ def pytest_configure(config) -> None:
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected
 def pytest_collection_modifyitems(config, items) -> None:
     """Under OMNI_TEST_PIN=1, a `two_cores` test selected for a pinned run is an error, not a silent skip."""
     if PIN and os.environ.get("PYTEST_XDIST_WORKER"):
