@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["ir_dir", "main", "require_ir"]
 
 MiB = 1 << 20
 
@@ -42,6 +42,22 @@ def ir_dir(model: str) -> Path:
     return default_cache_dir() / f"{model}-ov-int4"
 
 
+def require_ir(model: str, prog: str) -> Path | None:
+    """The IR directory of ``model`` when openvino-genai is importable and ``make ov-model`` has written the IR;
+    otherwise None, after printing to stderr, prefixed with ``prog``, what to run."""
+    try:
+        import openvino_genai  # noqa: F401
+    except ImportError:
+        print(f"{prog}: openvino-genai is not importable; run it with .venv-ov/bin/python after `make ov-setup`",
+              file=sys.stderr)
+        return None
+    path = ir_dir(model)
+    if not (path / "openvino_model.xml").is_file():
+        print(f"{prog}: no OpenVINO IR at {path}; run `make ov-model`", file=sys.stderr)
+        return None
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness run-openvino", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b", help="a model name (IR: make ov-model)")
@@ -50,23 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context-len", type=int, default=16)
     args = ap.parse_args(argv)
 
-    try:
-        import numpy as np
-        import openvino as ov
-        import openvino_genai as ov_genai
-    except ImportError:
-        print("run_openvino: openvino-genai is not importable; run it with .venv-ov/bin/python after "
-              "`make ov-setup`", file=sys.stderr)
+    path = require_ir(args.model, "run_openvino")
+    if path is None:
         return 2
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as ov_genai
+
     from harness.arms import start
     from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
     from harness.provenance import checkpoint_fingerprint
 
-    path = ir_dir(args.model)
-    if not (path / "openvino_model.xml").is_file():
-        print(f"run_openvino: no OpenVINO IR at {path}; run `make ov-model`", file=sys.stderr)
-        return 2
     threads = len(os.sched_getaffinity(0))
     cache = os.environ.get("VLLM_CACHE_ROOT")
     cold = start.cache_is_empty(cache)

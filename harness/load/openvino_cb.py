@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-cache-gb", type=float, default=2.0,
                     help="SchedulerConfig.cache_size, GB of KV cache (OpenVINO's own unit)")
     args = ap.parse_args(argv)
-    try:
-        import openvino_genai as ov_genai
-    except ImportError:
-        print("run-load-openvino: openvino-genai is not importable; run it with .venv-ov/bin/python after "
-              "`make ov-setup`", file=sys.stderr)
+    from harness.arms.openvino import require_ir
+
+    path = require_ir(args.model, "run-load-openvino")
+    if path is None:
         return 2
-    from harness.arms.openvino import ir_dir
+    import openvino_genai as ov_genai
+
     from harness.load.client import summarize
     from harness.load.sweep import requests_for
     from harness.memory.tree import tree_memory, tree_metrics
@@ -112,10 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     streams = [int(s) for s in args.streams.split(",") if s]
     if not streams or min(streams) < 1:
         ap.error("--streams needs stream counts of at least 1")
-    path = ir_dir(args.model)
-    if not (path / "openvino_model.xml").is_file():
-        print(f"run-load-openvino: no OpenVINO IR at {path}; run `make ov-model`", file=sys.stderr)
-        return 2
     threads = len(os.sched_getaffinity(0))
     sched = ov_genai.SchedulerConfig()
     sched.cache_size = int(args.kv_cache_gb) if args.kv_cache_gb.is_integer() else args.kv_cache_gb
@@ -161,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         tree = tree_metrics(tree_memory(os.getpid()))
         points.append({"streams": n, "summary": s, "rss_anon_tree_mb": tree["rss_anon_tree_mb"],
                        "requests": [r.to_dict() for r in results]})
-        print(f"run-load-openvino: {n} streams: {s['agg_tps'] or 0:.1f} tok/s, TTFT p99 {s['ttft_p99_ms'] or 0:.0f} ms, "
-              f"errors {s['requests'] - s['ok']}", file=sys.stderr, flush=True)
+        print(f"run-load-openvino: {n} streams: {s['agg_tps'] or 0:.1f} tok/s, "
+              f"TTFT p99 {s['ttft_p99_ms'] or 0:.0f} ms, errors {s['requests'] - s['ok']}", file=sys.stderr, flush=True)
     from importlib.metadata import version
 
     from harness.workloads.prompts import all_prompts

@@ -88,9 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     prompt = TokensPrompt(prompt_token_ids=[100 + (i * 7919) % 40000 for i in range(args.prompt_len)])
 
     # By module name, not __main__: the worker must keep the profiler in one module's globals.
-    from harness.memory import profile as worker_side
-
     import time
+
+    from harness.memory import profile as worker_side
 
     walls: dict[int, list[float]] = {}
 
