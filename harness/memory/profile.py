@@ -87,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                                        max_model_len=max(1024, args.prompt_len + args.decode_steps + 8)).llm_kwargs())
     prompt = TokensPrompt(prompt_token_ids=[100 + (i * 7919) % 40000 for i in range(args.prompt_len)])
 
-    # By module name, not __main__: the worker must keep the profiler in one module's globals.
     import time
 
+    # By module name, not __main__: the worker must keep the profiler in one module's globals.
     from harness.memory import profile as worker_side
 
     walls: dict[int, list[float]] = {}
