@@ -54,6 +54,16 @@ def pytest_configure(config) -> None:
         os.sched_setaffinity(0, {cpus[int(worker[2:]) % len(cpus)]})
 
 
+def pytest_report_header(config) -> str:
+    """The CPU in front of this run (model, ISA flags, the W4A8 kernel's instruction sets): kernel
+    choices differ by machine kind, so a failure read from a CI log must say where it ran."""
+    from harness.provenance import collect_cpu
+    from omni_quant import native
+
+    cpu = collect_cpu(sorted(os.sched_getaffinity(0)))
+    return f"cpu: {cpu['cpu_model']}; flags: {' '.join(cpu['cpu_flags'])}; W4A8 kernel: {native.supported_isas()}"
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected
 def pytest_collection_modifyitems(config, items) -> None:
     """Under OMNI_TEST_PIN=1, a `two_cores` test selected for a pinned run is an error, not a silent skip."""

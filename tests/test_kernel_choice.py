@@ -121,3 +121,33 @@ def test_the_calibration_pairs_neighbouring_calls_so_a_hiccup_does_not_decide(mo
     ratio = kernel_choice._paired_ratio(path("native", 1.0), path("dequant", 0.8), pairs=5)
     assert ratio == pytest.approx(0.8)
     assert calls == ["native", "dequant"] + ["native", "dequant", "dequant", "native"] * 2 + ["native", "dequant"]
+
+
+def _speculating(monkeypatch, k):
+    import types
+
+    import vllm.config
+
+    config = types.SimpleNamespace(speculative_config=types.SimpleNamespace(num_speculative_tokens=k) if k else None)
+    monkeypatch.setattr(vllm.config, "get_current_vllm_config_or_none", lambda: config)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("k", "measured", "want"), [(None, 16, 16), (24, 16, 26), (24, 25, 26), (24, 26, 26),
+                                                     (24, 64, 64), (24, 0, 0), (4, 16, 16)])
+def test_with_speculation_a_verify_step_never_takes_the_prefill_path(monkeypatch, k, measured, want):
+    """A request's verify rows (1 + k) stay below the row count; the cache keeps what was measured."""
+    _speculating(monkeypatch, k)
+    assert kernel_choice.verify_rows() == (1 + k if k else 0)
+    assert kernel_choice.choose((64, 256), 32, False, Measure(measured)).dequant_min_rows == want
+    kernel_choice._memo.clear()
+    _speculating(monkeypatch, None)
+    assert kernel_choice.choose((64, 256), 32, False, Measure(-1)).dequant_min_rows == measured
+
+
+@needs_kernel
+def test_the_floor_holds_over_a_users_row_count_too(monkeypatch):
+    _speculating(monkeypatch, 8)
+    monkeypatch.setenv("OMNI_INT4_DEQUANT_MIN_ROWS", "4")
+    choice = kernel_choice.choose((64, 256), 32, False, Measure(-1))
+    assert choice.dequant_min_rows == 10 and "verify step's 9 rows" in choice.reason

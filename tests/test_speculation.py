@@ -8,6 +8,11 @@ without its KV split: ``VLLM_CPU_ATTN_SPLIT_KV=0``, tests/test_batch_invariance.
 that speculation happened (vLLM's own counters: drafts proposed, tokens accepted), so equality is not
 the trivial equality of an engine that never speculated.
 
+Both runs set ``OMNI_INT4_DEQUANT_MIN_ROWS=8``, so on every CPU a request of 8 rows or more takes the
+kernel's prefill path (dequantize + bf16 GEMM), as an AMX machine measures for itself: a suffix
+verify step (up to 25 rows) must still take the W4A8 kernel (``kernel_choice.choose``'s floor), or
+greedy tokens change (CI, on a CPU whose measured row count was below a verify step's rows).
+
 SmolLM2's draft model is its bf16 checkpoint (different numerics from the int4 target: real rejections);
 the tiny model drafts for itself in its own cpu_int4 form, built under vLLM's ``draft_model.`` prefix
 (the checkpoint-name mapping of ``CpuInt4Config.checkpoint_prefix``).
@@ -18,6 +23,7 @@ import pytest
 from conftest import clean_env, run_engine
 
 MiB = 1 << 20
+PREFILL_PATH_FROM = {"OMNI_INT4_DEQUANT_MIN_ROWS": "8"}  # below suffix decoding's verify rows, above ngram's k=4
 TEXT_PROMPTS = ["def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
                 "# the same function, with a comment on every line:\n",
                 "List the numbers from 1 to 40, separated by commas: 1, 2, 3,", "Once upon a time"]
@@ -74,14 +80,15 @@ def _check(result, eager):
 @pytest.mark.engine
 def test_speculation_gives_the_plain_tokens_eager(int4_model_dir, real_model, tiny_int4):
     result = run_engine(_runs(int4_model_dir, real_model, tiny_int4, eager=True),
-                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off"))
+                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off", **PREFILL_PATH_FROM))
     _check(result, eager=True)
 
 
 @pytest.mark.engine
 def test_speculation_gives_the_plain_tokens_compiled(int4_model_dir, real_model, tiny_int4, tmp_path):
     result = run_engine(_runs(int4_model_dir, real_model, tiny_int4, eager=False),
-                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off", VLLM_CACHE_ROOT=str(tmp_path)),
+                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off", VLLM_CACHE_ROOT=str(tmp_path),
+                                  **PREFILL_PATH_FROM),
                         timeout=1500)
     _check(result, eager=False)
 

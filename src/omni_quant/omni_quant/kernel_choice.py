@@ -30,7 +30,7 @@ import torch
 
 from omni_quant import native
 
-__all__ = ["Choice", "choose", "measure_dequant_min_rows"]
+__all__ = ["Choice", "choose", "measure_dequant_min_rows", "verify_rows"]
 
 logger = logging.getLogger("vllm.omni_quant.kernel_choice")
 
@@ -162,8 +162,37 @@ def measure_dequant_min_rows(run, k: int, rows: tuple[int, ...] = CALIBRATION_RO
     return next(m for m in rows if m == rows[-1] or dequant_wins(m))
 
 
+def verify_rows() -> int:
+    """Rows one request brings to a speculative decoding verify step at most: 1 + ``num_speculative_tokens``
+    of the vLLM config being loaded (``vllm/config/speculative.py``, 0.28; for suffix decoding vLLM sets it to
+    ``suffix_decoding_max_tree_depth``). 0 without speculation or outside an engine."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none
+    except ImportError:  # omni-quant's kernel used without vLLM
+        return 0
+    config = get_current_vllm_config_or_none()
+    spec = getattr(config, "speculative_config", None)
+    k = getattr(spec, "num_speculative_tokens", None)
+    return 1 + int(k) if k else 0
+
+
 def choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure, layout: str = "groups") -> Choice:
-    """The kernel for one ``[N, K]`` layer.
+    """The kernel for one ``[N, K]`` layer: :func:`_choose`, then kept off the prefill path for a verify step.
+
+    A verify step scores a request's 1 + k drafted tokens at once where plain decoding scores one; both
+    must take the W4A8 kernel, or greedy tokens change with speculation (the bf16 GEMM computes
+    differently). So with speculation configured, a row count at or below :func:`verify_rows` is raised
+    to one above it (the kernel decides per request: ``csrc/ops.cpp``, ``switched_into``).
+    """
+    choice = _choose(w_shape, group_size, is_head, measure, layout)
+    verify = verify_rows()
+    if choice.kernel != "native" or not 0 < choice.dequant_min_rows <= verify:
+        return choice
+    return Choice("native", verify + 1, f"{choice.reason}; raised above a verify step's {verify} rows")
+
+
+def _choose(w_shape: tuple[int, int], group_size: int, is_head: bool, measure, layout: str = "groups") -> Choice:
+    """The kernel for one ``[N, K]`` layer, as measured or set.
 
     Args:
         w_shape: ``(N, K)``.
