@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from harness.kernels import matrix as kernel_bench
-from harness.memory.tree import anon_huge_bytes
+from harness.memory.tree import anon_huge_bytes, file_pmd_mapped_bytes
 from omni_quant import native
 from omni_quant.quant_math import quantize
 
@@ -130,8 +130,9 @@ def test_huge_page_copies_give_the_same_results():
 def test_huge_share_reads_anon_huge_pages_and_counts_the_placed_copies(tmp_path):
     """The diagnostic of a kernel that swings between runs: how much of its copies sat on huge pages."""
     rollup = tmp_path / "smaps_rollup"
-    rollup.write_text("Rss:              409600 kB\nAnonHugePages:    204800 kB\nSwap: 0 kB\n")
+    rollup.write_text("Rss: 409600 kB\nAnonHugePages:    204800 kB\nFilePmdMapped:    6144 kB\nSwap: 0 kB\n")
     assert anon_huge_bytes(rollup) == 200 << 20
+    assert file_pmd_mapped_bytes(rollup) == 6 << 20
     assert anon_huge_bytes(tmp_path / "absent") is None
     rollup.write_text("Rss: 1 kB\n")
     assert anon_huge_bytes(rollup) is None

@@ -27,9 +27,10 @@ Metrics (units in harness/grid/metrics.py):
   requests above; ``kv_cache_mb``: bytes of the KV cache tensors allocated in that worker,
   MiB (the budget vLLM actually honoured).
 
-Provenance includes ``anon_huge_bytes``: each process's ``AnonHugePages`` at the end, bytes
-(None where ``/proc/PID/smaps_rollup`` is unreadable), to check a slow decode pass against how many of
-the weights sat on transparent huge pages.
+Provenance includes ``anon_huge_bytes`` and ``file_pmd_mapped_bytes``: each process's ``AnonHugePages``
+and ``FilePmdMapped`` at the end, bytes (None where ``/proc/PID/smaps_rollup`` is unreadable), to check a
+slow decode pass against how many of the weights sat on 2 MiB pages (anonymous copies, or the mapped
+layout file).
 
 With ``--server`` the same metrics (except the ``_full`` and worker ones) come from the
 client side of ``omni-vllm serve`` (``harness/arms/server.py``), streamed.
@@ -135,11 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_full_request:
         timed([_prompt(args.max_model_len - 1, 3)], 1)
     tree_full = tree_memory(os.getpid())
-    from harness.memory.tree import anon_huge_bytes
+    from harness.memory.tree import anon_huge_bytes, file_pmd_mapped_bytes
 
     # AnonHugePages per process after the requests: decode reads every weight a token, through the TLB
     # (docs/cpu_int4.md, Huge pages), so a slow pass can be checked against its weights' pages
     huge = {p.pid: anon_huge_bytes(Path(f"/proc/{p.pid}/smaps_rollup")) for p in tree_ready}
+    file_pmd = {p.pid: file_pmd_mapped_bytes(Path(f"/proc/{p.pid}/smaps_rollup")) for p in tree_ready}
 
     from omni_platform.probe import worker_report
 
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             "processes_ready": [p.to_dict() for p in tree_ready],
             "processes_full": [p.to_dict() for p in tree_full],
             "anon_huge_bytes": huge,
+            "file_pmd_mapped_bytes": file_pmd,
             "start_peak": peak.hwm(),
             "params": vars(args),
         },

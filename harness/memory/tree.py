@@ -15,8 +15,8 @@ import psutil
 
 from omni_platform.procfs import status_bytes
 
-__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "pss_bytes", "rss_anon_bytes", "tree_memory",
-           "tree_metrics"]
+__all__ = ["MemoryReadError", "ProcessMemory", "anon_huge_bytes", "file_pmd_mapped_bytes", "pss_bytes", "rollup_bytes",
+           "rss_anon_bytes", "tree_memory", "tree_metrics"]
 
 
 class MemoryReadError(RuntimeError):
@@ -132,13 +132,26 @@ def tree_metrics(tree: list[ProcessMemory]) -> dict[str, float]:
     return out
 
 
-def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
-    """Bytes of this process's anonymous memory on transparent huge pages (``AnonHugePages`` of
-    ``/proc/self/smaps_rollup``), or None where the file or the field is absent."""
+def rollup_bytes(field: str, rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
+    """One ``kB`` field of a process's ``/proc/PID/smaps_rollup`` (``AnonHugePages``, ``FilePmdMapped``...),
+    in bytes, or None where the file or the field is absent."""
     try:
         for line in rollup.read_text().splitlines():
-            if line.startswith("AnonHugePages:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024  # kB
     except (OSError, ValueError, IndexError):
         return None
+    return None
+
+
+def anon_huge_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
+    """Bytes of this process's anonymous memory on transparent huge pages (``AnonHugePages`` of
+    ``/proc/self/smaps_rollup``), or None where the file or the field is absent."""
+    return rollup_bytes("AnonHugePages", rollup)
+
+
+def file_pmd_mapped_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int | None:
+    """Bytes of file pages this process maps with 2 MiB page-table entries (``FilePmdMapped``: for omni,
+    the layout file's weights on large folios, docs/cpu_int4.md "Huge pages"), or None where absent."""
+    return rollup_bytes("FilePmdMapped", rollup)
     return None
