@@ -56,6 +56,16 @@ def test_rotation_failures_caches_and_provenance(tmp_path):
     assert not [k for k in KEYS if k not in art["provenance"]]
     assert art["provenance"]["git_sha"] and isinstance(art["provenance"]["git_dirty"], bool)
     assert "FAILED boom" in proc.stdout
+    # the host probe read the arms' cores before every pass, failed ones too
+    assert all(isinstance(r["extra"]["host_sum_gbs"], float) and r["extra"]["host_sum_gbs"] > 0 for r in runs)
+
+
+def test_host_readings_that_spread_label_the_artifact():
+    from harness.grid.host_probe import LABEL, spread_label
+
+    assert spread_label([29.0, 38.0, None, 30.0]).startswith(f"{LABEL}: the host probe read 29.0 to 38.0 GB/s")
+    assert spread_label([29.0, 33.0, 30.0]) is None  # inside 15%
+    assert spread_label([None, 30.0]) is None and spread_label([]) is None
 
 
 def test_shared_cache_on_purpose(tmp_path):

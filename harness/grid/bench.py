@@ -35,6 +35,7 @@ from typing import Any
 
 from harness import REPO, provenance
 from harness.grid import guard
+from harness.grid.host_probe import HostProbe, spread_label
 from harness.grid.judge import judge_runs
 from harness.grid.metrics import UnknownMetricError, get_metric
 from harness.grid.outputs import OUTPUTS_DIFFER, compare_outputs
@@ -84,7 +85,17 @@ def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: flo
 
     An arm whose pass outlived ``timeout_s`` is not started again: its later passes are recorded
     as failed, naming the pass that timed out (a timeout is the arm's, not the moment's: a rerun
-    costs the whole timeout again and ends the same way)."""
+    costs the whole timeout again and ends the same way.
+
+    Before each pass, one reading of the host probe (:mod:`harness.grid.host_probe`, one process for
+    the run, pinned to ``cores``) goes into the pass's ``extra.host_sum_gbs``."""
+    with HostProbe(cores) as probe:
+        return _passes(spec, passes, cores, timeout_s, cache_base, probe, progress)
+
+
+def _passes(spec: dict, passes: int, cores: list[int], timeout_s: float, cache_base: Path, probe: HostProbe,
+            progress) -> list[PassResult]:
+    """:func:`run_grid`'s loop, with a reading of ``probe`` before each pass (``extra.host_sum_gbs``)."""
     arms = spec["arms"]
     shared = bool(spec.get("shared_cache", False))
     results: list[PassResult] = []
@@ -101,9 +112,11 @@ def run_grid(spec: dict[str, Any], passes: int, cores: list[int], timeout_s: flo
             env = {**os.environ, **{k: str(v) for k, v in arm.get("env", {}).items()}}
             if "VLLM_CACHE_ROOT" not in arm.get("env", {}):
                 env["VLLM_CACHE_ROOT"] = str(cache_base / ("shared" if shared else arm["tag"]))
+            host = probe.read()
             r = run_pass(arm["tag"], _command(arm), env, cores, timeout_s, p, position)
             r.extra["vllm_cache_root"] = env["VLLM_CACHE_ROOT"]
-            progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']}: "
+            r.extra["host_sum_gbs"] = host
+            progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']} (host probe {host} GB/s): "
                      + (", ".join(f"{k}={v:g}" for k, v in r.metrics.items()) if r.ok else f"FAILED ({r.reason})"))
             results.append(r)
             if not r.ok and (r.reason or "").startswith("timeout after"):
@@ -294,6 +307,9 @@ def _run_with_provenance(args, spec, cores, labels: list[str]) -> tuple[list, di
     labels += begun
     runs = run_grid(spec, args.passes, cores, args.timeout, cache_base)
     fail_incomplete_passes(runs)
+    host = spread_label([r.extra.get("host_sum_gbs") for r in runs])
+    if host:
+        labels.append(host)
     provenance.finish(prov, labels, args.out, exclude=(cache_base,))
     return runs, prov
 
