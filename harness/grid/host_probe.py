@@ -39,8 +39,7 @@ class HostProbe:
     second / 1e9), or None when the probe failed (it then stays off for the run, and the artifact's
     ``extra.host_sum_gbs`` is None for those passes). A context manager; :meth:`close` ends the process."""
 
-    def __init__(self, cores: list[int], timeout_s: float = 60.0):
-        self.timeout_s = timeout_s
+    def __init__(self, cores: list[int]):
         self.proc: subprocess.Popen | None = None
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness.grid.host_probe"], stdin=subprocess.PIPE,

@@ -154,4 +154,3 @@ def file_pmd_mapped_bytes(rollup: Path = Path("/proc/self/smaps_rollup")) -> int
     """Bytes of file pages this process maps with 2 MiB page-table entries (``FilePmdMapped``: for omni,
     the layout file's weights on large folios, docs/cpu_int4.md "Huge pages"), or None where absent."""
     return rollup_bytes("FilePmdMapped", rollup)
-    return None
