@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The order of the modules for xdist (tests/schedule.py): the longest first.
+from schedule import longest_first
+
 # The CI skip policy (tests/skips.py): under CI a skip that is not a declared machine condition fails.
 from skips import pytest_make_collect_report, pytest_runtest_makereport  # noqa: F401
 
@@ -66,7 +69,9 @@ def pytest_report_header(config) -> str:
 
 @pytest.hookimpl(trylast=True)  # after `-m` has deselected
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under OMNI_TEST_PIN=1, a `two_cores` test selected for a pinned run is an error, not a silent skip."""
+    """The longest modules first (tests/schedule.py). Under OMNI_TEST_PIN=1, a `two_cores` test selected for a
+    pinned run is an error, not a silent skip."""
+    longest_first(items)
     if PIN and os.environ.get("PYTEST_XDIST_WORKER"):
         wrong = [it.nodeid for it in items if it.get_closest_marker("two_cores")]
         if wrong:
