@@ -136,8 +136,8 @@ void gemm_avx512vnni(const Args& a, int64_t b0, int64_t b1) {
 // the AVX2 kernel's and so is the float order: both give the same bits.
 // No software prefetch here, unlike block_rows: on an AVX-512 VNNI EPYC (Zen 4), decoding
 // Qwen2.5-Coder-1.5B (all super-blocks) in one process, alternating with and without the
-// prefetch per request, the run without it was faster in most pairs (median about 3%); the
-// hardware prefetchers follow the one weight stream per thread on their own.
+// prefetch per request, the run without it was faster in most pairs; the hardware prefetchers
+// follow the one weight stream per thread on their own.
 namespace {
 
 template <int MR, int NA>
