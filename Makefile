@@ -15,7 +15,8 @@ PYTEST_ARGS ?=
 # TEST_WORKERS workers pinned to a CPU each (OMNI_TEST_PIN=1, tests/conftest.py): an engine binds its OpenMP
 # threads to every CPU it may use, and two engines on the same cores wait a scheduler slice at every barrier
 # (measured on a 2-core host: the valid OpenAI fuzz took 292 s beside another worker, 15 s alone). Last, the
-# `two_cores` tests (tensor and pipeline parallel) in one unpinned process. TEST_WORKERS=0: one process for each phase, nothing pinned.
+# `two_cores` tests (tensor and pipeline parallel) in one unpinned process. TEST_WORKERS=0: one process for
+# each phase, nothing pinned.
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 PIN_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMNI_TEST_PIN=1)
