@@ -65,4 +65,4 @@ MODULE_SECONDS: dict[str, float] = {
 def longest_first(items: list) -> None:
     """Sort pytest ``items`` in place by their module's :data:`MODULE_SECONDS`, longest first; a stable sort,
     so tests keep their order inside a module and unlisted modules keep theirs after the listed ones."""
-    items.sort(key=lambda item: -MODULE_SECONDS.get(item.nodeid.split("::", 1)[0].rsplit("/", 1)[-1], 0.0))
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.name, 0.0))
