@@ -55,6 +55,22 @@ def test_each_path_matches_the_dequantized_reference(isa, n16, groups, g, m, see
     assert sqnr_db(reference_linear(x, q, s, z, b), got) >= 38.0
 
 
+def test_the_linear_clock_counts_each_w4a8_call_and_its_time():
+    """``linear_clock``: each of the two linear ops adds one call and some wall time; other ops add nothing."""
+    q, s, z, _ = _layer(32, 256, 64, 0)
+    w, sz = native.repack(q, s, z)
+    x = torch.randn(1, 256, dtype=torch.bfloat16)
+    codes = torch.randint(0, 256, (2, 32, 16, 4), dtype=torch.uint8)  # 32 x 256 in super-blocks
+    sb = torch.zeros(2, 1, 320, dtype=torch.uint8)
+    ns0, calls0 = native.linear_clock()
+    native.linear(x, w, sz, 64)
+    native.linear_super_blocks(x, codes, sb)
+    ns1, calls1 = native.linear_clock()
+    torch.mm(x, x.t())
+    assert (calls1 - calls0, ns1 > ns0) == (2, True)
+    assert native.linear_clock() == (ns1, calls1)
+
+
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m", [63, 64, 65, 130])
 def test_prefill_row_counts_cross_the_row_tiles(isa, m):

@@ -9,6 +9,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -337,10 +339,25 @@ void switched_into(const at::Tensor& x, const at::Tensor& b, int64_t dequant_min
   native(0, m);
 }
 
+// Wall time inside the two linear ops, summed over calls (any thread): what a decode step spends in the
+// W4A8 GEMVs, read by omni_quant.native.gemv_clock() so that a benchmark can split a step into GEMV time
+// and the rest without a profiler. Two steady_clock reads a call (tens of ns against a GEMV's tens of us).
+std::atomic<int64_t> g_linear_ns{0}, g_linear_calls{0};
+
+struct LinearClock {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  ~LinearClock() {
+    const auto dt = std::chrono::steady_clock::now() - t0;
+    g_linear_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(dt).count(), std::memory_order_relaxed);
+    g_linear_calls.fetch_add(1, std::memory_order_relaxed);
+  }
+};
+
 at::Tensor w4a8_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t group_size,
                        const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
                        const c10::optional<at::Tensor>& dequant_rows) {
   const char* op = "omni_quant.w4a8_linear";
+  const LinearClock clock;
   const std::string isa = resolve_isa(isa_arg);
   check_x(x, op);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
@@ -418,6 +435,7 @@ at::Tensor w4a8_linear_sb(const at::Tensor& x, const at::Tensor& w, const at::Te
                           const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
                           const c10::optional<at::Tensor>& dequant_rows) {
   const char* op = "omni_quant.w4a8_linear_sb";
+  const LinearClock clock;
   const std::string isa = resolve_isa(isa_arg);
   check_x(x, op);
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0) * kBlockN;
@@ -464,7 +482,13 @@ static PyObject* py_supported_isas(PyObject*, PyObject*) {
 
 static PyObject* py_best_isa(PyObject*, PyObject*) { return PyUnicode_FromString(omni_w4a8::best_isa().c_str()); }
 
+static PyObject* py_linear_clock(PyObject*, PyObject*) {
+  return Py_BuildValue("(LL)", static_cast<long long>(omni_w4a8::g_linear_ns.load()),
+                       static_cast<long long>(omni_w4a8::g_linear_calls.load()));
+}
+
 static PyMethodDef kMethods[] = {
+    {"linear_clock", py_linear_clock, METH_NOARGS, "(ns, calls) inside w4a8_linear and w4a8_linear_sb since load."},
     {"supported_isas", py_supported_isas, METH_NOARGS, "Kernels this CPU can run, fastest first."},
     {"best_isa", py_best_isa, METH_NOARGS, "The kernel 'auto' picks on this CPU."},
     {nullptr, nullptr, 0, nullptr}};

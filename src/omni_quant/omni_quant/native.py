@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["SUPER_BLOCK", "available", "best_isa", "dequantize", "dequantize_super_blocks", "linear",
-           "linear_super_blocks", "repack", "repack_super_blocks", "supported_isas", "supports_shape"]
+           "linear_clock", "linear_super_blocks", "repack", "repack_super_blocks", "supported_isas", "supports_shape"]
 
 try:
     from omni_quant import _w4a8  # noqa: F401  (registers torch.ops.omni_quant.w4a8_linear)
@@ -76,6 +76,17 @@ def available() -> bool:
 def unavailable_reason() -> str | None:
     """Why the kernel is missing (the import error), or None when it is installed."""
     return _IMPORT_ERROR
+
+
+def linear_clock() -> tuple[int, int]:
+    """``(ns, calls)``: wall nanoseconds spent inside ``w4a8_linear`` and ``w4a8_linear_sb`` in this
+    process since the kernel was loaded, and how many calls; ``(0, 0)`` without the compiled kernel.
+
+    Two readings around a decode request split its steps into the W4A8 GEMVs and the rest (vLLM's
+    Python, the compiled graph's small kernels, attention, sampling) without a profiler; the GEMV part
+    follows the host's memory bandwidth, the rest does not (``harness/arms/vllm.py``, ``tg_host_ms``).
+    """
+    return tuple(_w4a8.linear_clock()) if _w4a8 else (0, 0)
 
 
 def supported_isas() -> list[str]:
