@@ -71,6 +71,12 @@ def test_every_arm_ran_and_is_labelled_single_pass(artifact):
         assert ("pp_tps" not in r["metrics"]) if decode_only else r["metrics"]["pp_tps"] > 0
         if not _llama_cpp(r["tag"]):  # one pass, a private VLLM_CACHE_ROOT: a cold start
             assert r["metrics"]["start_cold_s"] > 0 and "start_warm_s" not in r["metrics"]
+    # the decode split: omni's W4A8 arm in-process reports both parts; stock vLLM (no W4A8 layer) neither
+    m = {r["tag"]: r["metrics"] for r in art["runs"]}
+    assert m["omni-cpu_int4-eager"]["tg_gemv_ms"] > 0 and m["omni-cpu_int4-eager"]["tg_host_ms"] > 0
+    assert 1e3 / m["omni-cpu_int4-eager"]["tg_tps"] == pytest.approx(
+        m["omni-cpu_int4-eager"]["tg_gemv_ms"] + m["omni-cpu_int4-eager"]["tg_host_ms"])
+    assert "tg_gemv_ms" not in m["stock-vllm-bf16-eager"] and "tg_host_ms" not in m["stock-vllm-bf16-eager"]
 
 
 @needs_default_layout

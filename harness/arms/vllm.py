@@ -13,6 +13,11 @@ Metrics (units in harness/grid/metrics.py):
   ``context_len``-token prompt, greedy, ignore_eos: the decode rate with the prefill
   and first token subtracted (tg128 with the default). The two requests have different contexts of
   the same length, so neither reuses the other's prefix cache.
+- ``tg_gemv_ms`` and ``tg_host_ms`` (omni-quant's W4A8 layers only): of tg's T(gen_len) - T(1), the wall
+  time inside the W4A8 GEMVs (``omni_quant.native.linear_clock`` in the worker) and the rest, each per
+  decode token, ms. The GEMVs follow the host's memory bandwidth; the rest (vLLM's Python, the compiled
+  graph's small kernels, attention, sampling) does not, so it separates host-work changes that
+  ``tg_tps`` cannot on a host whose bandwidth swings between passes.
 - ``agg_tg_tps``: ``concurrency`` x ``gen_len`` / seconds, ``concurrency`` streams at once.
 - ``start_cold_s`` or ``start_warm_s``: seconds from this process's launch to the first
   token of the first (one-token) request; cold when ``VLLM_CACHE_ROOT`` held no compile
@@ -46,8 +51,9 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["main"]
+__all__ = ["linear_clock", "main"]
 
 MiB = 1 << 20
 
@@ -63,6 +69,30 @@ def _checkpoint_quant_method(model: str) -> str | None:
     except (OSError, ValueError):
         return None
     return (cfg.get("quantization_config") or {}).get("quant_method")
+
+
+def linear_clock(worker: Any = None) -> tuple[int, int]:
+    """Inside a worker (through ``collective_rpc``): omni-quant's W4A8 linear clock, ``(ns, calls)``
+    (``omni_quant.native.linear_clock``); ``(0, 0)`` where omni-quant is not installed."""
+    try:
+        from omni_quant import native
+    except ImportError:
+        return (0, 0)
+    return native.linear_clock()
+
+
+def _decode_split(decode_s: float, c0: tuple[int, int], c1: tuple[int, int], c2: tuple[int, int],
+                  tokens: int) -> dict[str, float]:
+    """``tg_gemv_ms`` and ``tg_host_ms`` from three clock readings: before T(1), between, after T(gen_len).
+
+    The GEMV nanoseconds of the one-token request (c1 - c0) are taken from those of the long one
+    (c2 - c1), as ``decode_s`` is T(gen_len) - T(1). Empty when no W4A8 layer ran (stock vLLM, bf16).
+    """
+    ns = (c2[0] - c1[0]) - (c1[0] - c0[0])
+    if (c2[1] - c1[1]) - (c1[1] - c0[1]) <= 0 or tokens <= 0:
+        return {}
+    gemv_s = ns / 1e9
+    return {"tg_gemv_ms": gemv_s / tokens * 1e3, "tg_host_ms": (decode_s - gemv_s) / tokens * 1e3}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     # two different contexts of the same length: with the same one, the second request would find the first's
     # full KV blocks in vLLM's prefix cache, skip their prefill and make T(gen_len) - T(1) meaningless
     # (negative from a 1024-token context on); shorter than one block (128) nothing is cached either way
+    clock0 = llm.collective_rpc(linear_clock)[0]
     t_one = timed([_prompt(args.context_len, 2)], 1)
+    clock1 = llm.collective_rpc(linear_clock)[0]
     t_gen = timed([_prompt(args.context_len, 5)], args.gen_len)
+    clock2 = llm.collective_rpc(linear_clock)[0]
     agg_s = timed([_prompt(args.context_len, 10 + i) for i in range(args.concurrency)], args.gen_len)
     if not args.no_full_request:
         timed([_prompt(args.max_model_len - 1, 3)], 1)
@@ -158,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         **peak.metrics(),  # peak_anon_tree_mb, peak_total_tree_mb: launch to first token
         "rss_anon_worker_mb": w0["rss_anon"] / MiB,
     }
+    metrics.update(_decode_split(t_gen - t_one, clock0, clock1, clock2, args.gen_len - 1))
     if not args.no_full_request:
         metrics["rss_anon_tree_full_mb"] = sum(p.rss_anon for p in tree_full) / MiB
     if w0["kv_cache"]:

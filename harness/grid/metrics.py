@@ -83,6 +83,14 @@ _PHASES = "vLLM's own start-up log (seconds of weight loading, compilation, KV a
 
 _ALL = [
     Metric("tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "decode (text generation) tokens per second, one stream"),
+    Metric("tg_host_ms", Direction.LOWER, "ms", 5.0, False,
+           "decode wall per token outside omni-quant's W4A8 GEMVs (tg's T(gen_len) - T(1) less the GEMV wall "
+           "inside it, per decode token): vLLM's Python, the compiled graph's small kernels, attention, "
+           "sampling; not memory-bound, so steadier than tg_tps where the host's bandwidth swings",
+           "python -m harness profile (per-op self time of a decode step)"),
+    Metric("tg_gemv_ms", Direction.LOWER, "ms", 5.0, False,
+           "decode wall per token inside omni-quant's W4A8 GEMVs (omni_quant.native.linear_clock); "
+           "follows the host's memory bandwidth", "the host probe (host_sum_gbs) and more passes"),
     Metric("pp_tps", Direction.HIGHER, "tok/s", 5.0, False, "prefill (prompt processing) tokens per second"),
     Metric("tokens_per_s", Direction.HIGHER, "tok/s", 5.0, False, "generic throughput"),
     Metric("agg_tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "aggregate decode tok/s over concurrent streams"),
