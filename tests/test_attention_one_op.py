@@ -1,4 +1,5 @@
-"""OMNI_CPU_ATTN_ONE_OP=1: vLLM's CPU attention with the KV write inside; same greedy tokens, eager and compiled.
+"""omni's default attention (vLLM's CPU attention with the KV write inside, one op a layer) against vLLM's
+(``OMNI_CPU_ATTN_ONE_OP=0``, two ops a layer): the same greedy tokens, eager and compiled.
 
 Eager runs the real SmolLM2 cpu_int4 checkpoint. Compiled runs a random 2-layer Llama (float32,
 no tokenizer): compiling the real model's 30 layers cold costs ~150 s per engine on two cores and
@@ -32,8 +33,8 @@ def test_one_op_attention_gives_the_same_tokens(mode, request, tmp_path):
            "kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 4, "skip_tokenizer_init": not eager}
     config = {"llm": llm, "prompts": PROMPTS[mode], "max_tokens": 24}
     env = dict(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(tmp_path / "cache"))
-    one = run_engine(config, clean_env(OMNI_CPU_ATTN_ONE_OP="1", **env))
-    two = run_engine(config, clean_env(**env))
+    one = run_engine(config, clean_env(**env))
+    two = run_engine(config, clean_env(OMNI_CPU_ATTN_ONE_OP="0", **env))
     assert "omni: attention backend OmniCpuAttentionBackend, one op per layer" in one.log
     assert "OmniCpuAttentionBackend" not in two.log
     # compiled: each run compiled its own graph (vLLM logs the AOT artifact it saves, keyed by a hash

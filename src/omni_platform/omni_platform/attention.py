@@ -9,7 +9,10 @@ a decode step pays two dispatcher -> Python round trips per layer. This backend 
 same backend with the write moved into ``forward``: one op per layer, the same kernels
 (``cpu_attn_reshape_and_cache``, then ``cpu_attention_with_kv_cache``) in the same order.
 
-Selected by ``OmniPlatform.get_attn_backend_cls`` when ``OMNI_CPU_ATTN_ONE_OP=1``.
+Selected by ``OmniPlatform.get_attn_backend_cls`` wherever vLLM picks its CPU attention, unless
+``OMNI_CPU_ATTN_ONE_OP=0``. A decode step then runs one Python attention op per layer, not two, on a
+short path (``OmniCpuAttentionImpl``); the host work per decode token this saves is measured by
+``tg_host_ms`` (``harness/arms/vllm.py``; docs/peers.md).
 """
 
 from __future__ import annotations

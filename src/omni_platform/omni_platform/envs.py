@@ -79,9 +79,9 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "OMNI_CPU_ATTN_ONE_OP",
             _bool,
-            False,
-            "1 selects omni's CPU attention backend that writes the KV cache inside the "
-            "attention op (one custom op per layer instead of two; same kernels).",
+            True,
+            "omni's CPU attention backend (the default): the KV cache write inside the attention op, one "
+            "custom op per layer instead of vLLM's two, the same kernels; 0 gives vLLM's CPU attention.",
         ),
         Setting(
             "OMNI_FEW_CPUS",

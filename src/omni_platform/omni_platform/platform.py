@@ -19,7 +19,9 @@ value chosen and why:
   published ``pre_register_and_update(parser)`` hook (``vllm.LLM`` gets the same
   defaults from omni-patches, since no published hook sees its arguments);
 - vLLM IR op priority: omni's CPU ``rms_norm`` providers first when the model runs
-  eager (or ``OMNI_IR_CPU_NORMS=1``).
+  eager (or ``OMNI_IR_CPU_NORMS=1``);
+- attention (:mod:`omni_platform.attention`): vLLM's CPU attention with the KV cache write inside,
+  one custom op per layer (``OMNI_CPU_ATTN_ONE_OP=0`` gives vLLM's two).
 """
 
 from __future__ import annotations
@@ -358,14 +360,14 @@ class OmniPlatform(CpuPlatform):
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads: int | None = None) -> str:
-        """vLLM's CPU choice; with ``OMNI_CPU_ATTN_ONE_OP=1`` its CPU attention with the KV write inside
-        (:mod:`omni_platform.attention`)."""
+        """vLLM's CPU choice, except that vLLM's CPU attention becomes the same attention with the KV write
+        inside (:mod:`omni_platform.attention`) unless ``OMNI_CPU_ATTN_ONE_OP=0``."""
         path = super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
         if envs.OMNI_CPU_ATTN_ONE_OP and path == AttentionBackendEnum.CPU_ATTN.get_path():
             logger.info_once("omni: attention backend OmniCpuAttentionBackend, one op per layer "
-                             "(OMNI_CPU_ATTN_ONE_OP=1)")
+                             "(OMNI_CPU_ATTN_ONE_OP=0 gives vLLM's two)")
             return "omni_platform.attention.OmniCpuAttentionBackend"
         return path
 
