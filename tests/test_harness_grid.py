@@ -96,6 +96,20 @@ def test_c10_timeout_kills_the_whole_group_and_the_grid_goes_on(tmp_path):
     assert [r["ok"] for r in art["runs"] if r["tag"] == "ok"] == [True, True]
 
 
+def test_a_warm_up_start_runs_each_arm_once_before_the_passes_and_is_not_judged(tmp_path):
+    log = tmp_path / "starts.log"
+    record = (f"import json, os; open({str(log)!r}, 'a').write(os.environ['TAG'] + ' '"
+              " + os.environ['VLLM_CACHE_ROOT'] + '\\n'); print(json.dumps({'tokens_per_s': 5.0}))")
+    proc, art = _bench(tmp_path, [_arm("a", record, {"TAG": "a"}), _arm("b", record, {"TAG": "b"})],
+                       passes=2, warm_up_start=True)
+    assert proc.returncode == 0, proc.stderr
+    starts = [line.split() for line in log.read_text().splitlines()]
+    assert [tag for tag, _ in starts] == ["a", "b", "a", "b", "b", "a"]  # the warm-ups, then the rotated passes
+    assert {tag: root for tag, root in starts[:2]} == {tag: root for tag, root in starts[2:4]}  # the same caches
+    assert [(r["tag"], r["pass_index"]) for r in art["runs"]] == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    assert "warm-up start a (not judged): done" in proc.stdout
+
+
 def test_single_pass_label_and_unknown_metric(tmp_path):
     ok = "import json; print(json.dumps({'tokens_per_s': 5.0}))"
     proc, art = _bench(tmp_path, [_arm("x", ok), _arm("y", ok)], passes=1)

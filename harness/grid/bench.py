@@ -5,7 +5,9 @@
 
 A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}`` (optionally
 ``"same_outputs"``: groups of arms whose greedy outputs must equal a reference arm's,
-``harness/grid/outputs.py``, recorded as the artifact's ``same_outputs``); ``command``
+``harness/grid/outputs.py``, recorded as the artifact's ``same_outputs``; and ``"warm_up_start": true``:
+each arm is started once before pass 1, unmeasured, so that every judged pass starts from a filled
+compile cache, for specs that measure the steady state rather than a cold start); ``command``
 is a list (or a string split like a shell would), where ``{python}`` stands for this
 interpreter and ``{repo}`` for the repository. Each arm prints one JSON object on its
 last stdout line. The first ``--metric`` is the one ranked.
@@ -100,6 +102,10 @@ def _passes(spec: dict, passes: int, cores: list[int], timeout_s: float, cache_b
     shared = bool(spec.get("shared_cache", False))
     results: list[PassResult] = []
     timed_out: dict[str, str] = {}
+    if spec.get("warm_up_start"):
+        for arm in arms:
+            r = run_pass(arm["tag"], _command(arm), _arm_env(arm, cache_base, shared), cores, timeout_s, -1, 0)
+            progress(f"warm-up start {arm['tag']} (not judged): " + ("done" if r.ok else f"FAILED ({r.reason})"))
     for p in range(passes):
         for position, i in enumerate(rotation(len(arms), p)):
             arm = arms[i]
@@ -109,9 +115,7 @@ def _passes(spec: dict, passes: int, cores: list[int], timeout_s: float, cache_b
                 progress(f"pass {p + 1}/{passes} #{position + 1} {arm['tag']}: FAILED ({r.reason})")
                 results.append(r)
                 continue
-            env = {**os.environ, **{k: str(v) for k, v in arm.get("env", {}).items()}}
-            if "VLLM_CACHE_ROOT" not in arm.get("env", {}):
-                env["VLLM_CACHE_ROOT"] = str(cache_base / ("shared" if shared else arm["tag"]))
+            env = _arm_env(arm, cache_base, shared)
             host = probe.read()
             r = run_pass(arm["tag"], _command(arm), env, cores, timeout_s, p, position)
             r.extra["vllm_cache_root"] = env["VLLM_CACHE_ROOT"]
@@ -122,6 +126,15 @@ def _passes(spec: dict, passes: int, cores: list[int], timeout_s: float, cache_b
             if not r.ok and (r.reason or "").startswith("timeout after"):
                 timed_out[arm["tag"]] = f"pass {p + 1} timed out ({r.reason})"
     return results
+
+
+def _arm_env(arm: dict[str, Any], cache_base: Path, shared: bool) -> dict[str, str]:
+    """The arm's environment: ours, its ``env``, and its ``VLLM_CACHE_ROOT`` (private, or the run's shared one)
+    unless it sets its own."""
+    env = {**os.environ, **{k: str(v) for k, v in arm.get("env", {}).items()}}
+    if "VLLM_CACHE_ROOT" not in arm.get("env", {}):
+        env["VLLM_CACHE_ROOT"] = str(cache_base / ("shared" if shared else arm["tag"]))
+    return env
 
 
 def _group(name: str) -> str:
