@@ -340,7 +340,7 @@ void switched_into(const at::Tensor& x, const at::Tensor& b, int64_t dequant_min
 }
 
 // Wall time inside the two linear ops, summed over calls (any thread): what a decode step spends in the
-// W4A8 GEMVs, read by omni_quant.native.gemv_clock() so that a benchmark can split a step into GEMV time
+// W4A8 GEMVs, read by omni_quant.native.linear_clock() so that a benchmark can split a step into GEMV time
 // and the rest without a profiler. Two steady_clock reads a call (tens of ns against a GEMV's tens of us).
 std::atomic<int64_t> g_linear_ns{0}, g_linear_calls{0};
 
