@@ -58,6 +58,15 @@ class OmniCpuAttentionImpl(CPUAttentionBackendImpl):
             self._kv, self._kv_views = kv_cache, (key_cache, value_cache)
         return self._kv_views  # type: ignore[return-value]
 
+    def _write_slots(self, layer, key: torch.Tensor | None, value: torch.Tensor | None) -> torch.Tensor | None:
+        """The layer's slot mapping (int64 ``[T]``) when this step writes its K and V, else None: where vLLM's
+        ``Attention.forward`` would call ``unified_kv_cache_update`` (own cache, key and value given, a slot
+        mapping for the layer)."""
+        if self.kv_sharing_target_layer_name is not None or key is None or value is None:
+            return None
+        slot_mapping = get_forward_context().slot_mapping
+        return slot_mapping.get(layer.layer_name) if isinstance(slot_mapping, dict) else None
+
     def forward(self, layer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 kv_cache: torch.Tensor, attn_metadata, output: torch.Tensor,
                 output_scale: torch.Tensor | None = None,
@@ -67,14 +76,12 @@ class OmniCpuAttentionImpl(CPUAttentionBackendImpl):
             return self._vllm_forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                       output_scale, output_block_scale)
         key_cache, value_cache = self._views(kv_cache)
-        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            slot_mapping = get_forward_context().slot_mapping
-            layer_slots = slot_mapping.get(layer.layer_name) if isinstance(slot_mapping, dict) else None
-            if layer_slots is not None:
-                _RESHAPE_AND_CACHE(key, value, key_cache, value_cache, layer_slots, self.isa,
-                                   layer._k_scale_float, layer._v_scale_float, self.kv_cache_dtype)
-        n = attn_metadata.num_actual_tokens
+        layer_slots = self._write_slots(layer, key, value)
+        if layer_slots is not None:
+            _RESHAPE_AND_CACHE(key, value, key_cache, value_cache, layer_slots, self.isa,
+                               layer._k_scale_float, layer._v_scale_float, self.kv_cache_dtype)
         md = attn_metadata
+        n = md.num_actual_tokens
         _ATTENTION(query if query.size(0) == n else query[:n], key_cache, value_cache,
                    output if output.size(0) == n else output[:n], md.query_start_loc, md.seq_lens, self.scale,
                    md.causal, self.alibi_slopes, self.sliding_window, md.block_table, self.logits_soft_cap,
@@ -85,11 +92,9 @@ class OmniCpuAttentionImpl(CPUAttentionBackendImpl):
     def _vllm_forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                       output_block_scale) -> torch.Tensor:
         """vLLM's ``do_kv_cache_update`` then vLLM's ``forward``, unchanged."""
-        if self.kv_sharing_target_layer_name is None and key is not None and value is not None:
-            slot_mapping = get_forward_context().slot_mapping
-            layer_slots = slot_mapping.get(layer.layer_name) if isinstance(slot_mapping, dict) else None
-            if layer_slots is not None:
-                self.do_kv_cache_update(layer, key, value, kv_cache, layer_slots)
+        layer_slots = self._write_slots(layer, key, value)
+        if layer_slots is not None:
+            self.do_kv_cache_update(layer, key, value, kv_cache, layer_slots)
         return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                output_scale, output_block_scale)
 
