@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import clean_env, run_engine
+from omni_quant import super_blocks
 from omni_quant.convert import convert
 from omni_quant.packing import unpack
 from omni_quant.quant_math import dequantize, dequantize_int8, dequantize_int8_groups, sqnr_db
@@ -33,16 +34,20 @@ ARCHS = {
     "gpt_neox": ({"tie_word_embeddings": False}, "checkpoint-fused query_key_value whose rows vLLM permutes at load, "
                                                  "the head named embed_out"),
 }
-RECIPE_CASES = {"q8-qwen2": ("qwen2", "q8"), "q4-head8-llama": ("llama", "q4-head8")}
+RECIPE_CASES = {"q8-qwen2": ("qwen2", "q8"), "q4-head8-llama": ("llama", "q4-head8"),
+                # every linear in super-blocks (K a multiple of 256): the decoder layers run fused (two ops each,
+                # omni_quant.fused_layers), with q/k/v biases (Qwen2) and without (Llama)
+                "fused-qwen2": ("qwen2", "q4k"), "fused-llama": ("llama", "q4k")}
+WIDE = dict(hidden_size=256, intermediate_size=512)  # the fused cases' sizes (head_dim 64)
 # 8-bit layers: every linear of an untied model with q/k/v biases; the head of a tied one (from its embedding)
 PROMPTS = [[1, 17, 42, 99, 7, 300, 5, 5, 5, 12, 400, 33], [1, 250, 3, 8, 8, 91, 77, 2, 450, 6, 19, 301]]
 
 
-def _checkpoint(model_type: str, out: Path) -> Path:
+def _checkpoint(model_type: str, out: Path, sizes: dict | None = None) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     extra, _ = ARCHS[model_type]
-    cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra})
+    cfg = AutoConfig.for_model(model_type, **{**SMALL, **extra, **(sizes or {})})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).to(torch.bfloat16)
     model.save_pretrained(out)
@@ -58,7 +63,11 @@ def _dequantized_reference(int4: Path, out: Path) -> Path:
         tensors.update(load_file(str(f)))
     out_t = {}
     for name, t in tensors.items():
-        if name.endswith(".qweight"):
+        if name.endswith(".qweight") and f"{name[: -len('.qweight')]}.sub_scales" in tensors:  # super-blocks
+            m = name[: -len(".qweight")]
+            parts = [tensors[f"{m}.{p}"] for p in ("sub_scales", "sub_mins", "super_scales", "super_mins")]
+            out_t[f"{m}.weight"] = super_blocks.dequantize(unpack(t), *parts).to(torch.bfloat16)
+        elif name.endswith(".qweight"):
             m = name[: -len(".qweight")]
             out_t[f"{m}.weight"] = dequantize(unpack(t), tensors[f"{m}.scales"], tensors[f"{m}.zeros"], torch.bfloat16)
         elif name.endswith(".qweight8"):
@@ -66,7 +75,8 @@ def _dequantized_reference(int4: Path, out: Path) -> Path:
             # a quantized input embedding is 8-bit per group of 32 (scales8 [V, D/32]); a linear layer per row
             out_t[f"{m}.weight"] = (dequantize_int8_groups(t, s).to(torch.bfloat16) if s.dim() == 2
                                     else dequantize_int8(t, s, torch.bfloat16))
-        elif not name.endswith((".scales", ".zeros", ".scales8")):
+        elif not name.endswith((".scales", ".zeros", ".scales8", ".sub_scales", ".sub_mins", ".super_scales",
+                                ".super_mins")):
             out_t[name] = t
     out.mkdir()
     save_file(out_t, str(out / "model.safetensors"))
@@ -95,7 +105,7 @@ def converted(tmp_path_factory):
     cases = {}
     for name in [*sorted(ARCHS), "c16", *RECIPE_CASES]:
         arch, recipe = RECIPE_CASES.get(name, ("llama" if name == "c16" else name, "default"))
-        src = _checkpoint(arch, root / name / "bf16")
+        src = _checkpoint(arch, root / name / "bf16", WIDE if name.startswith("fused-") else None)
         keep = ["q_proj", "k_proj", "v_proj"] if name == "c16" else None
         reports = convert(src, root / name / "int4", keep_bf16=keep, recipe=recipe)  # otherwise the defaults
         ref = _dequantized_reference(root / name / "int4", root / name / "ref")
@@ -103,7 +113,9 @@ def converted(tmp_path_factory):
     configs = [_engine_config(c[kind]) for c in cases.values() for kind in ("int4", "ref")]
     runs = iter(run_engine({"runs": configs}, clean_env(VLLM_PLUGINS="omni"), timeout=1800)["runs"])
     for case in cases.values():
-        case["got"], case["want"] = _log_probs(next(runs)), _log_probs(next(runs))
+        got, want = next(runs), next(runs)
+        case["got"], case["want"] = _log_probs(got), _log_probs(want)
+        case["fused_layers"] = got["workers"][0]["extension_reports"]["quant"]["fused_layers"]
     return cases
 
 
@@ -136,7 +148,7 @@ def test_c16_a_checkpoint_keeping_a_fused_layer_loads_and_matches(converted):
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("name", sorted(RECIPE_CASES))
+@pytest.mark.parametrize("name", sorted(n for n in RECIPE_CASES if not n.startswith("fused-")))
 def test_8_bit_layers_of_a_recipe_load_and_match_their_reference(name, converted):
     """--recipe q8 / q4-head8: the 8-bit layers are written as such (format version 2), vLLM builds them
     with omni's 8-bit method (torch's _weight_int8pack_mm), and the engine matches the dequantized reference."""
@@ -154,4 +166,22 @@ def test_8_bit_layers_of_a_recipe_load_and_match_their_reference(name, converted
         assert not four and len(eight) == 2 * 7 + 1, "every linear of both layers and the head"
     else:
         assert eight == {"lm_head"} and len(four) == 2 * 7
+    assert sqnr_db(torch.tensor(case["want"]), torch.tensor(case["got"])) >= 20.0
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("name", ["fused-llama", "fused-qwen2"])
+def test_super_block_layers_run_fused_and_match_their_reference(name, converted):
+    """Every linear in super-blocks (--recipe q4k at K = 256 and 512): where the native super-block kernel runs,
+    both decoder layers run omni_quant.fused_layers' two ops in the engine (the worker says so), and the
+    teacher-forced log-probabilities match the dequantized reference as the unfused layers do."""
+    from omni_quant import native
+    from omni_quant.config import PER_GROUP_ISAS
+
+    case = converted[name]
+    qc = json.loads((case["int4"] / "config.json").read_text())["quantization_config"]
+    assert sum(".layers." in m for m in qc["super_block_modules"]) == 2 * 7, "every linear of both layers"
+    # the super-block kernel loads them (an AVX-VNNI CPU rewrites them per group; no kernel: torch's int4pack)
+    super_blocks = native.available() and native.best_isa() not in PER_GROUP_ISAS
+    assert case["fused_layers"] == (2 if super_blocks else 0)
     assert sqnr_db(torch.tensor(case["want"]), torch.tensor(case["got"])) >= 20.0

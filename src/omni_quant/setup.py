@@ -20,7 +20,8 @@ import tempfile
 from setuptools import setup
 
 REQUIRE_ENV = "OMNI_QUANT_REQUIRE_KERNEL"
-SOURCES = ["ops.cpp", "kernel_avx512.cpp", "kernel_avxvnni.cpp", "kernel_avx2.cpp", "kernel_scalar.cpp"]
+SOURCES = ["ops.cpp", "layer_ops.cpp", "kernel_avx512.cpp", "kernel_avxvnni.cpp", "kernel_avx2.cpp",
+           "kernel_scalar.cpp"]
 
 
 class KernelBuildError(RuntimeError):

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "linear_sb.h"
 #include "w4a8.h"
 
 namespace omni_w4a8 {
@@ -431,6 +432,9 @@ void native_sb_into(const at::Tensor& x, const at::Tensor& w, const at::Tensor& 
   at::parallel_for(0, w.size(0), 1, [&](int64_t b0, int64_t b1) { gemm(a, b0, b1); });
 }
 
+}  // namespace
+
+// Declared in linear_sb.h: the fused decoder-layer ops (layer_ops.cpp) call it directly.
 at::Tensor w4a8_linear_sb(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sb,
                           const c10::optional<at::Tensor>& bias, c10::string_view isa_arg,
                           const c10::optional<at::Tensor>& dequant_rows) {
@@ -452,7 +456,6 @@ at::Tensor w4a8_linear_sb(const at::Tensor& x, const at::Tensor& w, const at::Te
   return out;
 }
 
-}  // namespace
 }  // namespace omni_w4a8
 
 TORCH_LIBRARY(omni_quant, m) {

@@ -19,20 +19,24 @@ __all__ = ["extension", "register", "report"]
 
 
 def register() -> None:
-    """Register the ``cpu_int4`` quantization config."""
+    """Register the ``cpu_int4`` quantization config, and the architectures whose decoder layers
+    :mod:`omni_quant.fused_layers` fuses under cpu_int4."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
+    from omni_quant import fused_layers
     from omni_quant.config import QUANT_METHOD, CpuInt4Config
 
     register_quantization_config(QUANT_METHOD)(CpuInt4Config)
+    fused_layers.register()
 
 
 def report(worker: Any = None) -> dict[str, Any]:
     """``method``, the W4A8 kernel this CPU runs (``native_isa``, or why it is missing); inside a
     worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack), ``head`` (the
-    output head's kernel, None when the head is not cpu_int4) and ``embedding`` (the quantized input
+    output head's kernel, None when the head is not cpu_int4), ``fused_layers`` (decoder layers run as
+    two ops, :mod:`omni_quant.fused_layers`) and ``embedding`` (the quantized input
     embedding's scheme, resident bytes and tensors' dtypes and shapes; None when it is bf16)."""
-    from omni_quant import layout_cache, native
+    from omni_quant import fused_layers, layout_cache, native
     from omni_quant.config import QUANT_METHOD
 
     out: dict[str, Any] = {"method": QUANT_METHOD, "native_isa": native.best_isa(),
@@ -45,6 +49,8 @@ def report(worker: Any = None) -> dict[str, Any]:
     out["layers"] = dict(kernels)
     head = getattr(model, "lm_head", None)
     out["head"] = getattr(head, "cpu_int4_kernel", None)
+    # ``fused_layers``: decoder layers that run omni_quant.fused_layers' two ops (0: vLLM's layers everywhere)
+    out["fused_layers"] = sum(fused_layers.is_fused(m) for m in model.modules())
     # ``layout``: layers mapped from a layout file, written to one, or copied (and why); its resident pages
     out["layout"] = layout_cache.report()
     emb = next((m for m in model.modules() if getattr(m, "cpu_int4_embedding_scheme", None)), None)

@@ -49,6 +49,16 @@ else:
     def _fake_sb(x, w, sb, bias=None, isa="auto", dequant_rows=None):
         return x.new_empty((x.shape[0], w.shape[0] * 16))
 
+    @torch.library.register_fake("omni_quant::norm_qkv_rope")
+    def _fake_norm_qkv_rope(hidden_states, residual, norm_weight, eps, w, sb, bias, dequant_rows, positions,
+                            cos_sin_cache, num_heads, num_kv_heads, head_size, rotary_dim, is_neox, isa="auto"):
+        return hidden_states.new_empty((hidden_states.shape[0], w.shape[0] * 16)), torch.empty_like(hidden_states)
+
+    @torch.library.register_fake("omni_quant::o_mlp")
+    def _fake_o_mlp(attn, residual, wo, sbo, bias_o, rows_o, norm_weight, eps, wgu, sbgu, rows_gu, wd, sbd, rows_d,
+                    isa="auto"):
+        return residual.new_empty((attn.shape[0], wd.shape[0] * 16)), torch.empty_like(residual)
+
     @torch.library.register_fake("omni_quant::dequantize_sb")
     def _fake_dequantize_sb(w, sb, isa="auto"):
         return w.new_empty((w.shape[0] * 16, w.shape[1] * 8), dtype=torch.bfloat16)

@@ -27,6 +27,11 @@ SETTINGS = (
         "cpu_int4: write each 4-bit layer, repacked for this CPU's kernel, into a layout file once and map "
         "it read-only at later starts (omni_quant.layout_cache: file pages shared between processes, no "
         "repack, no copy); 0 repacks and copies at every start."),
+    envs.bool_setting(
+        "OMNI_FUSED_LAYERS", True,
+        "cpu_int4 on the native super-block kernel: run each Llama-family decoder layer (Qwen2, Llama) as two "
+        "W4A8 ops around vLLM's attention (omni_quant.fused_layers: norms, rotary embedding and SiLU inside "
+        "the ops, fewer host calls a decode step); 0 keeps vLLM's layers."),
     envs.str_setting(
         "OMNI_LAYOUT_CACHE_DIR", None,
         "cpu_int4: where layout files go when the checkpoint's directory is not writable (omni_quant."

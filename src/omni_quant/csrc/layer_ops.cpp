@@ -1,0 +1,353 @@
+// The two halves of a Llama-family decoder layer around its attention, each one torch op:
+//
+//   omni_quant::norm_qkv_rope: (residual +) hidden -> RMSNorm -> QKV projection (+ bias) -> rotary
+//                              embedding of q and k; returns (qkv, residual)
+//   omni_quant::o_mlp:         attention output -> o_proj -> + residual -> RMSNorm -> gate_up -> SiLU * up
+//                              -> down_proj; returns (hidden, residual)
+//
+// Why: a decode step of a 28-layer model runs about ten small ops per layer between the W4A8 GEMVs
+// (norms, rotary embedding, SiLU, views, allocations), each a call from inductor's Python wrapper; on two
+// cores those calls cost milliseconds a token (omni_quant/fused_layers.py). The arithmetic is vLLM 0.28's,
+// in the order inductor computes it for bf16 (float32 inside a fused kernel, one rounding to bf16 where the
+// eager code rounds): RMSNorm and fused add + RMSNorm as vllm/ir/ops/layernorm.py, rotary embedding as
+// RotaryEmbedding.forward_static (vllm/model_executor/layers/rotary_embedding/base.py, common.py),
+// SiLU-and-mul as SiluAndMul.forward_native (vllm/model_executor/layers/activation.py). The projections are
+// omni_quant::w4a8_linear_sb itself (linear_sb.h), so their bits are the unfused path's.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <tuple>
+#include <vector>
+
+#include "linear_sb.h"
+
+namespace omni_w4a8 {
+namespace {
+
+// bf16 <-> float, round to nearest even (NaN kept quiet), as c10::BFloat16 does.
+inline float bf2f(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t f2bf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
+}
+
+// exp(x) in float: Cephes' expf (range reduction by ln 2, degree-5 polynomial on [-ln2/2, ln2/2]), within
+// 2 ulp of the exact value on [-87.3, 88]; branch-free so that the loops below vectorize. Used by SiLU only,
+// whose result is rounded to bf16 (8 bits of mantissa).
+inline float exp_approx(float x) {
+  x = x < -87.33654f ? -87.33654f : (x > 88.0f ? 88.0f : x);  // 2^n stays a normal float (no fminf: it vectorizes)
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * (r * r) + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return y * scale;
+}
+
+// One row of (x (+ r)) -> res_out (bf16 of the sum), out = bf16(bf16(s * rsqrt(mean(s^2) + eps)) * w).
+// Plain C++ (the vector versions below call it for their tails and on CPUs without AVX2).
+void add_rms_row_scalar(const uint16_t* x, const uint16_t* r, const uint16_t* w, float eps, int64_t n,
+                        uint16_t* res_out, uint16_t* out) {
+  float ss = 0.f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = r ? bf2f(x[i]) + bf2f(r[i]) : bf2f(x[i]);
+    ss += s * s;
+  }
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) {
+    const float s = r ? bf2f(x[i]) + bf2f(r[i]) : bf2f(x[i]);
+    res_out[i] = r ? f2bf(s) : x[i];
+    out[i] = f2bf(bf2f(f2bf(s * inv)) * bf2f(w[i]));
+  }
+}
+
+// One row: out[i] = bf16(silu(g[i]) * u[i]), silu(g) = g / (1 + exp(-g)).
+void silu_mul_row_scalar(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = bf2f(g[i]);
+    out[i] = f2bf(a / (exp_approx(-a) + 1.0f) * bf2f(u[i]));
+  }
+}
+
+// The same two rows with AVX-512F (16 lanes) and AVX2 (8 lanes): the same arithmetic lane by lane as the
+// scalar code (exp_approx's steps, round to nearest even with NaN kept quiet); only the order of the sum of
+// squares differs (lanes, then across them), as in inductor's vectorized reduction.
+#define OMNI_VEC_FNS(TARGET, SUFFIX, VF, VI, W, LOADU16, STOREU16, SET1, SET1I, ADD, SUB, MUL, DIV, MIN, MAX, FLOOR, \
+                     CVT, ADDI, SLLI, SRLI, ANDI, CASTIF, CASTFI, NANMASK_BLEND, ORI, HSUM)                          \
+  __attribute__((target(TARGET))) inline VF bf_load_##SUFFIX(const uint16_t* p) {                                 \
+    return CASTIF(SLLI(LOADU16(p), 16));                                                                          \
+  }                                                                                                               \
+  __attribute__((target(TARGET))) inline void bf_store_##SUFFIX(uint16_t* p, VF f) {                               \
+    const VI u = CASTFI(f);                                                                                       \
+    const VI rounded = SRLI(ADDI(u, ADDI(SET1I(0x7fff), ANDI(SRLI(u, 16), SET1I(1)))), 16);                      \
+    STOREU16(p, NANMASK_BLEND(f, rounded, ORI(SRLI(u, 16), SET1I(0x40))));                                        \
+  }                                                                                                               \
+  __attribute__((target(TARGET))) inline VF exp_##SUFFIX(VF x) {                                                  \
+    x = MIN(MAX(x, SET1(-87.33654f)), SET1(88.0f));                                                               \
+    const VF n = FLOOR(ADD(MUL(x, SET1(1.44269504088896341f)), SET1(0.5f)));                                      \
+    VF r = SUB(x, MUL(n, SET1(0.693359375f)));                                                                    \
+    r = ADD(r, MUL(n, SET1(2.12194440e-4f)));                                                                     \
+    VF y = SET1(1.9875691500e-4f);                                                                                \
+    y = ADD(MUL(y, r), SET1(1.3981999507e-3f));                                                                   \
+    y = ADD(MUL(y, r), SET1(8.3334519073e-3f));                                                                   \
+    y = ADD(MUL(y, r), SET1(4.1665795894e-2f));                                                                   \
+    y = ADD(MUL(y, r), SET1(1.6666665459e-1f));                                                                   \
+    y = ADD(MUL(y, r), SET1(5.0000001201e-1f));                                                                   \
+    y = ADD(ADD(MUL(y, MUL(r, r)), r), SET1(1.0f));                                                               \
+    return MUL(y, CASTIF(SLLI(ADDI(CVT(n), SET1I(127)), 23)));                                                    \
+  }                                                                                                               \
+  __attribute__((target(TARGET))) void silu_mul_row_##SUFFIX(const uint16_t* g, const uint16_t* u, int64_t n,     \
+                                                             uint16_t* out) {                                     \
+    int64_t i = 0;                                                                                                \
+    for (; i + W <= n; i += W) {                                                                                  \
+      const VF a = bf_load_##SUFFIX(g + i);                                                                       \
+      const VF e = exp_##SUFFIX(SUB(SET1(0.f), a));                                                               \
+      bf_store_##SUFFIX(out + i, MUL(DIV(a, ADD(e, SET1(1.0f))), bf_load_##SUFFIX(u + i)));                      \
+    }                                                                                                             \
+    silu_mul_row_scalar(g + i, u + i, n - i, out + i);                                                            \
+  }                                                                                                               \
+  __attribute__((target(TARGET))) void add_rms_row_##SUFFIX(const uint16_t* x, const uint16_t* r,                \
+                                                            const uint16_t* w, float eps, int64_t n,              \
+                                                            uint16_t* res_out, uint16_t* out) {                   \
+    if (n % W) return add_rms_row_scalar(x, r, w, eps, n, res_out, out);                                          \
+    VF acc = SET1(0.f);                                                                                           \
+    for (int64_t i = 0; i < n; i += W) {                                                                          \
+      const VF s = r ? ADD(bf_load_##SUFFIX(x + i), bf_load_##SUFFIX(r + i)) : bf_load_##SUFFIX(x + i);         \
+      acc = ADD(acc, MUL(s, s));                                                                                  \
+    }                                                                                                             \
+    const VF inv = SET1(1.0f / std::sqrt(HSUM(acc) / static_cast<float>(n) + eps));                               \
+    for (int64_t i = 0; i < n; i += W) {                                                                          \
+      const VF s = r ? ADD(bf_load_##SUFFIX(x + i), bf_load_##SUFFIX(r + i)) : bf_load_##SUFFIX(x + i);         \
+      if (r) {                                                                                                    \
+        bf_store_##SUFFIX(res_out + i, s);                                                                        \
+      } else {                                                                                                    \
+        std::memcpy(res_out + i, x + i, W * sizeof(uint16_t));                                                    \
+      }                                                                                                           \
+      uint16_t normed[W];                                                                                         \
+      bf_store_##SUFFIX(normed, MUL(s, inv));                                                                     \
+      bf_store_##SUFFIX(out + i, MUL(bf_load_##SUFFIX(normed), bf_load_##SUFFIX(w + i)));                         \
+    }                                                                                                             \
+  }
+
+// AVX-512F helpers
+__attribute__((target("avx512f"))) inline __m512i ld16_512(const uint16_t* p) {
+  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+__attribute__((target("avx512f"))) inline void st16_512(uint16_t* p, __m512i v) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
+}
+__attribute__((target("avx512f"))) inline __m512i nan_blend_512(__m512 f, __m512i ok, __m512i nan) {
+  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), ok, nan);
+}
+__attribute__((target("avx512f"))) inline __m512 floor_512(__m512 v) {
+  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+}
+OMNI_VEC_FNS("avx512f", avx512, __m512, __m512i, 16, ld16_512, st16_512, _mm512_set1_ps, _mm512_set1_epi32,
+             _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_min_ps, _mm512_max_ps, floor_512,
+             _mm512_cvtps_epi32, _mm512_add_epi32, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_and_si512,
+             _mm512_castsi512_ps, _mm512_castps_si512, nan_blend_512, _mm512_or_si512, _mm512_reduce_add_ps)
+
+// AVX2 helpers
+__attribute__((target("avx2"))) inline __m256i ld16_256(const uint16_t* p) {
+  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+__attribute__((target("avx2"))) inline void st16_256(uint16_t* p, __m256i v) {
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
+__attribute__((target("avx2"))) inline __m256i nan_blend_256(__m256 f, __m256i ok, __m256i nan) {
+  return _mm256_blendv_epi8(ok, nan, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
+}
+__attribute__((target("avx2"))) inline __m256 floor_256(__m256 v) { return _mm256_floor_ps(v); }
+__attribute__((target("avx2"))) inline float hsum_256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+OMNI_VEC_FNS("avx2", avx2, __m256, __m256i, 8, ld16_256, st16_256, _mm256_set1_ps, _mm256_set1_epi32,
+             _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_min_ps, _mm256_max_ps, floor_256,
+             _mm256_cvtps_epi32, _mm256_add_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm256_and_si256,
+             _mm256_castsi256_ps, _mm256_castps_si256, nan_blend_256, _mm256_or_si256, hsum_256)
+
+// The row kernels this CPU runs, chosen once from its flags.
+struct RowFns {
+  void (*add_rms)(const uint16_t*, const uint16_t*, const uint16_t*, float, int64_t, uint16_t*, uint16_t*);
+  void (*silu_mul)(const uint16_t*, const uint16_t*, int64_t, uint16_t*);
+};
+
+const RowFns& row_fns() {
+  static const RowFns fns = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return RowFns{add_rms_row_avx512, silu_mul_row_avx512};
+    if (__builtin_cpu_supports("avx2")) return RowFns{add_rms_row_avx2, silu_mul_row_avx2};
+    return RowFns{add_rms_row_scalar, silu_mul_row_scalar};
+  }();
+  return fns;
+}
+
+// Rotary embedding of `heads` heads of one token in place: x [heads, head_size] bf16, cos/sin [rot/2] float.
+void rope_heads(uint16_t* x, int64_t heads, int64_t head_size, int64_t rot, bool neox, const float* cos,
+                const float* sin) {
+  const int64_t half = rot / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    uint16_t* q = x + h * head_size;
+    for (int64_t j = 0; j < half; ++j) {
+      const int64_t i1 = neox ? j : 2 * j, i2 = neox ? j + half : 2 * j + 1;
+      const float x1 = bf2f(q[i1]), x2 = bf2f(q[i2]);
+      q[i1] = f2bf(x1 * cos[j] - x2 * sin[j]);
+      q[i2] = f2bf(x2 * cos[j] + x1 * sin[j]);
+    }
+  }
+}
+
+// fn(r0, r1) over rows [0, m): inline for a few rows (a decode step's: a parallel region costs more than the
+// row), across torch's threads otherwise.
+template <class Fn>
+void for_rows(int64_t m, const Fn& fn) {
+  if (m < 8) return fn(0, m);
+  at::parallel_for(0, m, 1, fn);
+}
+
+const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.data_ptr()); }
+uint16_t* bits_out(at::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); }
+
+void check_bf16_rows(const at::Tensor& t, const char* name, const char* op) {
+  TORCH_CHECK(t.dim() == 2 && t.scalar_type() == at::kBFloat16, op, ": ", name,
+              " must be a bfloat16 [tokens, features] tensor, got ", t.scalar_type(), " ", t.sizes());
+}
+
+void check_norm_weight(const at::Tensor& w, int64_t n, const char* op) {
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == n && w.scalar_type() == at::kBFloat16 && w.is_contiguous(), op,
+              ": the RMSNorm weight must be contiguous bfloat16 [", n, "], got ", w.scalar_type(), " ", w.sizes());
+}
+
+// (residual_out, normed) of rows x (+ residual): fused add + RMSNorm, rows in parallel.
+std::tuple<at::Tensor, at::Tensor> add_rms(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
+                                           const at::Tensor& weight, double eps, const char* op) {
+  const int64_t m = x.size(0), n = x.size(1);
+  check_norm_weight(weight, n, op);
+  at::Tensor r;
+  if (residual.has_value() && residual->defined()) {
+    r = residual->contiguous();
+    check_bf16_rows(r, "residual", op);
+    TORCH_CHECK(r.sizes() == x.sizes(), op, ": residual is ", r.sizes(), " but hidden_states is ", x.sizes());
+  }
+  at::Tensor res_out = at::empty_like(x), out = at::empty_like(x);
+  const uint16_t *xp = bits(x), *rp = r.defined() ? bits(r) : nullptr, *wp = bits(weight);
+  uint16_t *ro = bits_out(res_out), *op_ = bits_out(out);
+  const float e = static_cast<float>(eps);
+  for_rows(m, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i)
+      row_fns().add_rms(xp + i * n, rp ? rp + i * n : nullptr, wp, e, n, ro + i * n, op_ + i * n);
+  });
+  return {res_out, out};
+}
+
+std::tuple<at::Tensor, at::Tensor> norm_qkv_rope(
+    const at::Tensor& hidden_in, const c10::optional<at::Tensor>& residual, const at::Tensor& norm_weight, double eps,
+    const at::Tensor& w, const at::Tensor& sb, const c10::optional<at::Tensor>& bias,
+    const c10::optional<at::Tensor>& dequant_rows, const at::Tensor& positions, const at::Tensor& cos_sin_cache,
+    int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t rotary_dim, bool is_neox,
+    c10::string_view isa) {
+  const char* op = "omni_quant.norm_qkv_rope";
+  const at::Tensor hidden = hidden_in.contiguous();
+  check_bf16_rows(hidden, "hidden_states", op);
+  const int64_t m = hidden.size(0);
+  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == m && positions.scalar_type() == at::kLong, op,
+              ": positions must be int64 [", m, "], got ", positions.scalar_type(), " ", positions.sizes());
+  TORCH_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_size, op, ": rotary_dim ", rotary_dim,
+              " must be even and in (0, head_size=", head_size, "]");
+  TORCH_CHECK(cos_sin_cache.dim() == 2 && cos_sin_cache.size(1) == rotary_dim &&
+                  (cos_sin_cache.scalar_type() == at::kBFloat16 || cos_sin_cache.scalar_type() == at::kFloat),
+              op, ": cos_sin_cache must be bfloat16 or float32 [max_positions, ", rotary_dim, "], got ",
+              cos_sin_cache.scalar_type(), " ", cos_sin_cache.sizes());
+  auto [res_out, normed] = add_rms(hidden, residual, norm_weight, eps, op);
+  at::Tensor qkv = w4a8_linear_sb(normed, w, sb, bias, isa, dequant_rows);
+  const int64_t width = (num_heads + 2 * num_kv_heads) * head_size;
+  TORCH_CHECK(qkv.size(1) == width, op, ": the projection gives ", qkv.size(1), " features, but ", num_heads,
+              " + 2 x ", num_kv_heads, " heads of ", head_size, " need ", width);
+  const at::Tensor cache = cos_sin_cache.contiguous(), pos_t = positions.contiguous();
+  const int64_t max_pos = cache.size(0), half = rotary_dim / 2;
+  const int64_t* pos = pos_t.data_ptr<int64_t>();
+  for (int64_t t = 0; t < m; ++t)
+    TORCH_CHECK(pos[t] >= 0 && pos[t] < max_pos, op, ": position ", pos[t], " of token ", t,
+                " is outside the rotary cache's ", max_pos, " positions");
+  const bool cache_bf16 = cache.scalar_type() == at::kBFloat16;
+  const void* cs = cache.data_ptr();
+  uint16_t* qp = bits_out(qkv);
+  for_rows(m, [&](int64_t t0, int64_t t1) {
+    std::vector<float> cos_sin(rotary_dim);  // this token's cos and sin as float (the cache row, bf16 or float)
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < rotary_dim; ++j)
+        cos_sin[j] = cache_bf16 ? bf2f(static_cast<const uint16_t*>(cs)[pos[t] * rotary_dim + j])
+                                : static_cast<const float*>(cs)[pos[t] * rotary_dim + j];
+      rope_heads(qp + t * width, num_heads + num_kv_heads, head_size, rotary_dim, is_neox, cos_sin.data(),
+                 cos_sin.data() + half);
+    }
+  });
+  return {qkv, res_out};
+}
+
+std::tuple<at::Tensor, at::Tensor> o_mlp(
+    const at::Tensor& attn_in, const at::Tensor& residual, const at::Tensor& wo, const at::Tensor& sbo,
+    const c10::optional<at::Tensor>& bias_o, const c10::optional<at::Tensor>& rows_o, const at::Tensor& norm_weight,
+    double eps, const at::Tensor& wgu, const at::Tensor& sbgu, const c10::optional<at::Tensor>& rows_gu,
+    const at::Tensor& wd, const at::Tensor& sbd, const c10::optional<at::Tensor>& rows_d, c10::string_view isa) {
+  const char* op = "omni_quant.o_mlp";
+  const at::Tensor attn = attn_in.contiguous();
+  check_bf16_rows(attn, "the attention output", op);
+  const at::Tensor o = w4a8_linear_sb(attn, wo, sbo, bias_o, isa, rows_o);
+  auto [res_out, normed] = add_rms(o, residual, norm_weight, eps, op);
+  const at::Tensor gu = w4a8_linear_sb(normed, wgu, sbgu, c10::nullopt, isa, rows_gu);
+  TORCH_CHECK(gu.size(1) % 2 == 0, op, ": gate_up gives an odd number of features (", gu.size(1), ")");
+  const int64_t m = gu.size(0), inter = gu.size(1) / 2;
+  at::Tensor act = at::empty({m, inter}, gu.options());
+  const uint16_t* g = bits(gu);
+  uint16_t* a = bits_out(act);
+  for_rows(m, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) row_fns().silu_mul(g + i * 2 * inter, g + i * 2 * inter + inter, inter, a + i * inter);
+  });
+  return {w4a8_linear_sb(act, wd, sbd, c10::nullopt, isa, rows_d), res_out};
+}
+
+}  // namespace
+}  // namespace omni_w4a8
+
+TORCH_LIBRARY_FRAGMENT(omni_quant, m) {
+  m.def("norm_qkv_rope(Tensor hidden_states, Tensor? residual, Tensor norm_weight, float eps, Tensor w, Tensor sb, "
+        "Tensor? bias, Tensor? dequant_rows, Tensor positions, Tensor cos_sin_cache, int num_heads, "
+        "int num_kv_heads, int head_size, int rotary_dim, bool is_neox, str isa='auto') -> (Tensor, Tensor)");
+  m.def("o_mlp(Tensor attn, Tensor residual, Tensor wo, Tensor sbo, Tensor? bias_o, Tensor? rows_o, "
+        "Tensor norm_weight, float eps, Tensor wgu, Tensor sbgu, Tensor? rows_gu, Tensor wd, Tensor sbd, "
+        "Tensor? rows_d, str isa='auto') -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(omni_quant, CPU, m) {
+  m.impl("norm_qkv_rope", &omni_w4a8::norm_qkv_rope);
+  m.impl("o_mlp", &omni_w4a8::o_mlp);
+}
