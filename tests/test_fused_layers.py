@@ -1,7 +1,9 @@
 """omni_quant::norm_qkv_rope and omni_quant::o_mlp (omni_quant.fused_layers) against the same layer written as
 separate torch ops: vLLM 0.28's arithmetic (RMSNorm and fused add + RMSNorm in float32, rounded to bf16 where the
 eager code rounds; rotary embedding and SiLU-and-mul in float32 from bf16 inputs, rounded once) around the same
-W4A8 linear op. Bit for bit, at decode's one row, a few rows, and a prefill's many (rows in parallel)."""
+W4A8 linear op. Bit for bit, at decode's one row, a few rows, and a prefill's many (rows in parallel), on every
+path this CPU runs (the ops' ``isa`` argument picks the row kernels as it picks the linear's: AVX-512, AVX2, plain C++),
+so an AVX-512 machine also checks the AVX2 rows a CI machine without AVX-512 runs."""
 
 from __future__ import annotations
 
@@ -37,8 +39,12 @@ def layer():
             "cache": torch.cat([angles.cos(), angles.sin()], -1).bfloat16()}
 
 
-def _linear(x, w, bias=None):
-    return torch.ops.omni_quant.w4a8_linear_sb(x, w[0], w[1], bias, "auto", None)
+ISAS = native.supported_isas() if native.available() else []
+"""This CPU's kernel paths, fastest first (``avx512vnni``, ``avx2vnni``, ``avx2``, ``scalar`` where it has them)."""
+
+
+def _linear(x, w, bias=None, isa="auto"):
+    return torch.ops.omni_quant.w4a8_linear_sb(x, w[0], w[1], bias, isa, None)
 
 
 def _rms(x, weight, residual=None):
@@ -60,10 +66,11 @@ def _rope(x, cos_sin, heads, rot, neox):
     return torch.cat([rotated, rest], -1).bfloat16().view(x.shape[0], -1)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows", [1, 3, 37])
 @pytest.mark.parametrize("neox,rot", [(True, HEAD), (False, HEAD), (True, HEAD // 2)])
 @pytest.mark.parametrize("first", [True, False])
-def test_norm_qkv_rope_equals_the_separate_ops(layer, rows, neox, rot, first):
+def test_norm_qkv_rope_equals_the_separate_ops(layer, isa, rows, neox, rot, first):
     gen = torch.Generator().manual_seed(rows)
     hidden = torch.randn(rows, H, generator=gen).bfloat16()
     residual = None if first else torch.randn(rows, H, generator=gen).bfloat16()
@@ -72,9 +79,9 @@ def test_norm_qkv_rope_equals_the_separate_ops(layer, rows, neox, rot, first):
         [layer["cache"][:, : rot // 2], layer["cache"][:, HEAD // 2: HEAD // 2 + rot // 2]], -1).contiguous()
     qkv, res = torch.ops.omni_quant.norm_qkv_rope(
         hidden, residual, layer["norm1"], EPS, *layer["qkv"], layer["bias"], None, positions, cache,
-        HEADS, KV_HEADS, HEAD, rot, neox)
+        HEADS, KV_HEADS, HEAD, rot, neox, isa)
     normed, want_res = _rms(hidden, layer["norm1"], residual)
-    q = _linear(normed, layer["qkv"], layer["bias"])
+    q = _linear(normed, layer["qkv"], layer["bias"], isa)
     qs, ks = HEADS * HEAD, KV_HEADS * HEAD
     want = torch.cat([_rope(q[:, :qs], cache[positions], HEADS, rot, neox),
                       _rope(q[:, qs:qs + ks], cache[positions], KV_HEADS, rot, neox), q[:, qs + ks:]], -1)
@@ -82,16 +89,17 @@ def test_norm_qkv_rope_equals_the_separate_ops(layer, rows, neox, rot, first):
     assert torch.equal(qkv, want), (qkv.float() - want.float()).abs().max()
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("rows", [1, 3, 37])
-def test_o_mlp_equals_the_separate_ops(layer, rows):
+def test_o_mlp_equals_the_separate_ops(layer, isa, rows):
     gen = torch.Generator().manual_seed(100 + rows)
     attn = torch.randn(rows, HEADS * HEAD, generator=gen).bfloat16()
     residual = torch.randn(rows, H, generator=gen).bfloat16()
     out, res = torch.ops.omni_quant.o_mlp(attn, residual, *layer["o"], None, None, layer["norm2"], EPS,
-                                          *layer["gate_up"], None, *layer["down"], None)
-    normed, want_res = _rms(_linear(attn, layer["o"]), layer["norm2"], residual)
-    gate, up = _linear(normed, layer["gate_up"]).float().chunk(2, -1)
-    want = _linear((gate / (torch.exp(-gate) + 1) * up).bfloat16(), layer["down"])
+                                          *layer["gate_up"], None, *layer["down"], None, isa)
+    normed, want_res = _rms(_linear(attn, layer["o"], isa=isa), layer["norm2"], residual)
+    gate, up = _linear(normed, layer["gate_up"], isa=isa).float().chunk(2, -1)
+    want = _linear((gate / (torch.exp(-gate) + 1) * up).bfloat16(), layer["down"], isa=isa)
     assert torch.equal(res, want_res)
     assert torch.equal(out, want), (out.float() - want.float()).abs().max()
 

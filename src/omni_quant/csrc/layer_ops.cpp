@@ -194,20 +194,23 @@ OMNI_VEC_FNS("avx2", avx2, __m256, __m256i, 8, ld16_256, st16_256, _mm256_set1_p
              _mm256_cvtps_epi32, _mm256_add_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm256_and_si256,
              _mm256_castsi256_ps, _mm256_castps_si256, nan_blend_256, _mm256_or_si256, hsum_256)
 
-// The row kernels this CPU runs, chosen once from its flags.
+// The row kernels for the op's `isa` argument, as for the linear op (omni_quant.native.linear): "scalar" the plain
+// C++ ones, "avx2" (and "avx2vnni") the AVX2 ones, anything else ("auto", "avx512vnni") the best this CPU runs (its
+// flags read once). An ISA the CPU lacks falls to the best it has (the linear op itself refuses it by name).
 struct RowFns {
   void (*add_rms)(const uint16_t*, const uint16_t*, const uint16_t*, float, int64_t, uint16_t*, uint16_t*);
   void (*silu_mul)(const uint16_t*, const uint16_t*, int64_t, uint16_t*);
 };
 
-const RowFns& row_fns() {
-  static const RowFns fns = [] {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return RowFns{add_rms_row_avx512, silu_mul_row_avx512};
-    if (__builtin_cpu_supports("avx2")) return RowFns{add_rms_row_avx2, silu_mul_row_avx2};
-    return RowFns{add_rms_row_scalar, silu_mul_row_scalar};
-  }();
-  return fns;
+const RowFns& row_fns(c10::string_view isa) {
+  static const RowFns scalar{add_rms_row_scalar, silu_mul_row_scalar};
+  static const RowFns avx2{add_rms_row_avx2, silu_mul_row_avx2};
+  static const RowFns avx512{add_rms_row_avx512, silu_mul_row_avx512};
+  static const bool has_avx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  if (isa == "scalar" || !has_avx2) return scalar;
+  if (isa == "avx2" || isa == "avx2vnni" || !has_avx512) return avx2;
+  return avx512;
 }
 
 // Rotary embedding of `heads` heads of one token in place: x [heads, head_size] bf16, cos/sin [rot/2] float.
@@ -248,7 +251,7 @@ void check_norm_weight(const at::Tensor& w, int64_t n, const char* op) {
 
 // (residual_out, normed) of rows x (+ residual): fused add + RMSNorm, rows in parallel.
 std::tuple<at::Tensor, at::Tensor> add_rms(const at::Tensor& x, const c10::optional<at::Tensor>& residual,
-                                           const at::Tensor& weight, double eps, const char* op) {
+                                           const at::Tensor& weight, double eps, const RowFns& fns, const char* op) {
   const int64_t m = x.size(0), n = x.size(1);
   check_norm_weight(weight, n, op);
   at::Tensor r;
@@ -263,7 +266,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms(const at::Tensor& x, const c10::optio
   const float e = static_cast<float>(eps);
   for_rows(m, [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0; i < r1; ++i)
-      row_fns().add_rms(xp + i * n, rp ? rp + i * n : nullptr, wp, e, n, ro + i * n, op_ + i * n);
+      fns.add_rms(xp + i * n, rp ? rp + i * n : nullptr, wp, e, n, ro + i * n, op_ + i * n);
   });
   return {res_out, out};
 }
@@ -286,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor> norm_qkv_rope(
                   (cos_sin_cache.scalar_type() == at::kBFloat16 || cos_sin_cache.scalar_type() == at::kFloat),
               op, ": cos_sin_cache must be bfloat16 or float32 [max_positions, ", rotary_dim, "], got ",
               cos_sin_cache.scalar_type(), " ", cos_sin_cache.sizes());
-  auto [res_out, normed] = add_rms(hidden, residual, norm_weight, eps, op);
+  auto [res_out, normed] = add_rms(hidden, residual, norm_weight, eps, row_fns(isa), op);
   at::Tensor qkv = w4a8_linear_sb(normed, w, sb, bias, isa, dequant_rows);
   const int64_t width = (num_heads + 2 * num_kv_heads) * head_size;
   TORCH_CHECK(qkv.size(1) == width, op, ": the projection gives ", qkv.size(1), " features, but ", num_heads,
@@ -322,7 +325,8 @@ std::tuple<at::Tensor, at::Tensor> o_mlp(
   const at::Tensor attn = attn_in.contiguous();
   check_bf16_rows(attn, "the attention output", op);
   const at::Tensor o = w4a8_linear_sb(attn, wo, sbo, bias_o, isa, rows_o);
-  auto [res_out, normed] = add_rms(o, residual, norm_weight, eps, op);
+  const RowFns& fns = row_fns(isa);
+  auto [res_out, normed] = add_rms(o, residual, norm_weight, eps, fns, op);
   const at::Tensor gu = w4a8_linear_sb(normed, wgu, sbgu, c10::nullopt, isa, rows_gu);
   TORCH_CHECK(gu.size(1) % 2 == 0, op, ": gate_up gives an odd number of features (", gu.size(1), ")");
   const int64_t m = gu.size(0), inter = gu.size(1) / 2;
@@ -330,7 +334,7 @@ std::tuple<at::Tensor, at::Tensor> o_mlp(
   const uint16_t* g = bits(gu);
   uint16_t* a = bits_out(act);
   for_rows(m, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) row_fns().silu_mul(g + i * 2 * inter, g + i * 2 * inter + inter, inter, a + i * inter);
+    for (int64_t i = r0; i < r1; ++i) fns.silu_mul(g + i * 2 * inter, g + i * 2 * inter + inter, inter, a + i * inter);
   });
   return {w4a8_linear_sb(act, wd, sbd, c10::nullopt, isa, rows_d), res_out};
 }
