@@ -10,8 +10,14 @@ every eligible layer a ``forward`` with two ops instead (``src/omni_quant/csrc/l
 - vLLM's own ``Attention`` module on the split q, k, v (the KV cache write and attention: unchanged);
 - ``omni_quant::o_mlp``: o_proj, add + RMSNorm, gate_up, SiLU-and-mul, down_proj.
 
-The arithmetic is vLLM's (layer_ops.cpp names the upstream code it follows) with the same linear op, so a
-layer's output equals the unfused compiled layer's bit for bit (``tests/test_fused_layers.py``).
+The arithmetic is vLLM's (layer_ops.cpp names the upstream code it follows) with the same linear op: the two ops
+equal it written as separate torch ops bit for bit (``tests/test_fused_layers.py``). Against inductor's graph of
+vLLM's layers the order of summation in RMSNorm's mean (and what the compilers contract into multiply-adds) may
+differ, so a whole model's greedy tokens can part where two logits nearly tie, as vLLM's own eager and compiled
+modes part from each other.
+
+What it was measured to change (docs/peers.md, "One stream with fused decoder layers"): in eager mode every fused
+pass had less host work a token than every unfused one; compiled, the two were not separated.
 
 How it reaches vLLM (0.28) without a fork: the published model registry. :func:`register` re-registers
 the architectures in :data:`ARCHITECTURES` (``ModelRegistry.register_model``, lazily by name) as
