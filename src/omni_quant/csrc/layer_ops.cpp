@@ -13,6 +13,8 @@
 // RotaryEmbedding.forward_static (vllm/model_executor/layers/rotary_embedding/base.py, common.py),
 // SiLU-and-mul as SiluAndMul.forward_native (vllm/model_executor/layers/activation.py). The projections are
 // omni_quant::w4a8_linear_sb itself (linear_sb.h), so their bits are the unfused path's.
+// The row kernels (RMSNorm, SiLU-and-mul) live beside the GEMMs in the ISA files (kernel_avx512.cpp,
+// kernel_avx2.cpp, kernel_scalar.cpp; declared in w4a8.h), built for their instruction sets as those are.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -20,19 +22,18 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
-
 #include <cmath>
 #include <cstring>
 #include <tuple>
 #include <vector>
 
 #include "linear_sb.h"
+#include "w4a8.h"
 
 namespace omni_w4a8 {
 namespace {
 
-// bf16 <-> float, round to nearest even (NaN kept quiet), as c10::BFloat16 does.
+// bf16 bits -> float (the rotary embedding's plain C++; the row kernels are in the ISA files, w4a8.h).
 inline float bf2f(uint16_t b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;
   float f;
@@ -40,159 +41,13 @@ inline float bf2f(uint16_t b) {
   return f;
 }
 
+// float -> bf16 bits, round to nearest even, a NaN kept a quiet NaN (as c10::BFloat16).
 inline uint16_t f2bf(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
   return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : rounded);
 }
-
-// exp(x) in float: Cephes' expf (range reduction by ln 2, degree-5 polynomial on [-ln2/2, ln2/2]), within
-// 2 ulp of the exact value on [-87.3, 88]; branch-free so that the loops below vectorize. Used by SiLU only,
-// whose result is rounded to bf16 (8 bits of mantissa).
-inline float exp_approx(float x) {
-  x = x < -87.33654f ? -87.33654f : (x > 88.0f ? 88.0f : x);  // 2^n stays a normal float (no fminf: it vectorizes)
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  float r = x - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  float y = 1.9875691500e-4f;
-  y = y * r + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return y * scale;
-}
-
-// One row of (x (+ r)) -> res_out (bf16 of the sum), out = bf16(bf16(s * rsqrt(mean(s^2) + eps)) * w).
-// Plain C++ (the vector versions below call it for their tails and on CPUs without AVX2).
-void add_rms_row_scalar(const uint16_t* x, const uint16_t* r, const uint16_t* w, float eps, int64_t n,
-                        uint16_t* res_out, uint16_t* out) {
-  float ss = 0.f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float s = r ? bf2f(x[i]) + bf2f(r[i]) : bf2f(x[i]);
-    ss += s * s;
-  }
-  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
-  for (int64_t i = 0; i < n; ++i) {
-    const float s = r ? bf2f(x[i]) + bf2f(r[i]) : bf2f(x[i]);
-    res_out[i] = r ? f2bf(s) : x[i];
-    out[i] = f2bf(bf2f(f2bf(s * inv)) * bf2f(w[i]));
-  }
-}
-
-// One row: out[i] = bf16(silu(g[i]) * u[i]), silu(g) = g / (1 + exp(-g)).
-void silu_mul_row_scalar(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = bf2f(g[i]);
-    out[i] = f2bf(a / (exp_approx(-a) + 1.0f) * bf2f(u[i]));
-  }
-}
-
-// The same two rows with AVX-512F (16 lanes) and AVX2 (8 lanes): the same arithmetic lane by lane as the
-// scalar code (exp_approx's steps, round to nearest even with NaN kept quiet); only the order of the sum of
-// squares differs (lanes, then across them), as in inductor's vectorized reduction.
-#define OMNI_VEC_FNS(TARGET, SUFFIX, VF, VI, W, LOADU16, STOREU16, SET1, SET1I, ADD, SUB, MUL, DIV, MIN, MAX, FLOOR, \
-                     CVT, ADDI, SLLI, SRLI, ANDI, CASTIF, CASTFI, NANMASK_BLEND, ORI, HSUM)                          \
-  __attribute__((target(TARGET))) inline VF bf_load_##SUFFIX(const uint16_t* p) {                                 \
-    return CASTIF(SLLI(LOADU16(p), 16));                                                                          \
-  }                                                                                                               \
-  __attribute__((target(TARGET))) inline void bf_store_##SUFFIX(uint16_t* p, VF f) {                               \
-    const VI u = CASTFI(f);                                                                                       \
-    const VI rounded = SRLI(ADDI(u, ADDI(SET1I(0x7fff), ANDI(SRLI(u, 16), SET1I(1)))), 16);                      \
-    STOREU16(p, NANMASK_BLEND(f, rounded, ORI(SRLI(u, 16), SET1I(0x40))));                                        \
-  }                                                                                                               \
-  __attribute__((target(TARGET))) inline VF exp_##SUFFIX(VF x) {                                                  \
-    x = MIN(MAX(x, SET1(-87.33654f)), SET1(88.0f));                                                               \
-    const VF n = FLOOR(ADD(MUL(x, SET1(1.44269504088896341f)), SET1(0.5f)));                                      \
-    VF r = SUB(x, MUL(n, SET1(0.693359375f)));                                                                    \
-    r = ADD(r, MUL(n, SET1(2.12194440e-4f)));                                                                     \
-    VF y = SET1(1.9875691500e-4f);                                                                                \
-    y = ADD(MUL(y, r), SET1(1.3981999507e-3f));                                                                   \
-    y = ADD(MUL(y, r), SET1(8.3334519073e-3f));                                                                   \
-    y = ADD(MUL(y, r), SET1(4.1665795894e-2f));                                                                   \
-    y = ADD(MUL(y, r), SET1(1.6666665459e-1f));                                                                   \
-    y = ADD(MUL(y, r), SET1(5.0000001201e-1f));                                                                   \
-    y = ADD(ADD(MUL(y, MUL(r, r)), r), SET1(1.0f));                                                               \
-    return MUL(y, CASTIF(SLLI(ADDI(CVT(n), SET1I(127)), 23)));                                                    \
-  }                                                                                                               \
-  __attribute__((target(TARGET))) void silu_mul_row_##SUFFIX(const uint16_t* g, const uint16_t* u, int64_t n,     \
-                                                             uint16_t* out) {                                     \
-    int64_t i = 0;                                                                                                \
-    for (; i + W <= n; i += W) {                                                                                  \
-      const VF a = bf_load_##SUFFIX(g + i);                                                                       \
-      const VF e = exp_##SUFFIX(SUB(SET1(0.f), a));                                                               \
-      bf_store_##SUFFIX(out + i, MUL(DIV(a, ADD(e, SET1(1.0f))), bf_load_##SUFFIX(u + i)));                      \
-    }                                                                                                             \
-    silu_mul_row_scalar(g + i, u + i, n - i, out + i);                                                            \
-  }                                                                                                               \
-  __attribute__((target(TARGET))) void add_rms_row_##SUFFIX(const uint16_t* x, const uint16_t* r,                \
-                                                            const uint16_t* w, float eps, int64_t n,              \
-                                                            uint16_t* res_out, uint16_t* out) {                   \
-    if (n % W) return add_rms_row_scalar(x, r, w, eps, n, res_out, out);                                          \
-    VF acc = SET1(0.f);                                                                                           \
-    for (int64_t i = 0; i < n; i += W) {                                                                          \
-      const VF s = r ? ADD(bf_load_##SUFFIX(x + i), bf_load_##SUFFIX(r + i)) : bf_load_##SUFFIX(x + i);         \
-      acc = ADD(acc, MUL(s, s));                                                                                  \
-    }                                                                                                             \
-    const VF inv = SET1(1.0f / std::sqrt(HSUM(acc) / static_cast<float>(n) + eps));                               \
-    for (int64_t i = 0; i < n; i += W) {                                                                          \
-      const VF s = r ? ADD(bf_load_##SUFFIX(x + i), bf_load_##SUFFIX(r + i)) : bf_load_##SUFFIX(x + i);         \
-      if (r) {                                                                                                    \
-        bf_store_##SUFFIX(res_out + i, s);                                                                        \
-      } else {                                                                                                    \
-        std::memcpy(res_out + i, x + i, W * sizeof(uint16_t));                                                    \
-      }                                                                                                           \
-      uint16_t normed[W];                                                                                         \
-      bf_store_##SUFFIX(normed, MUL(s, inv));                                                                     \
-      bf_store_##SUFFIX(out + i, MUL(bf_load_##SUFFIX(normed), bf_load_##SUFFIX(w + i)));                         \
-    }                                                                                                             \
-  }
-
-// AVX-512F helpers
-__attribute__((target("avx512f"))) inline __m512i ld16_512(const uint16_t* p) {
-  return _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-__attribute__((target("avx512f"))) inline void st16_512(uint16_t* p, __m512i v) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(v));
-}
-__attribute__((target("avx512f"))) inline __m512i nan_blend_512(__m512 f, __m512i ok, __m512i nan) {
-  return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), ok, nan);
-}
-__attribute__((target("avx512f"))) inline __m512 floor_512(__m512 v) {
-  return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-}
-OMNI_VEC_FNS("avx512f", avx512, __m512, __m512i, 16, ld16_512, st16_512, _mm512_set1_ps, _mm512_set1_epi32,
-             _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_min_ps, _mm512_max_ps, floor_512,
-             _mm512_cvtps_epi32, _mm512_add_epi32, _mm512_slli_epi32, _mm512_srli_epi32, _mm512_and_si512,
-             _mm512_castsi512_ps, _mm512_castps_si512, nan_blend_512, _mm512_or_si512, _mm512_reduce_add_ps)
-
-// AVX2 helpers
-__attribute__((target("avx2"))) inline __m256i ld16_256(const uint16_t* p) {
-  return _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-__attribute__((target("avx2"))) inline void st16_256(uint16_t* p, __m256i v) {
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(v, v), 0x08);
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
-}
-__attribute__((target("avx2"))) inline __m256i nan_blend_256(__m256 f, __m256i ok, __m256i nan) {
-  return _mm256_blendv_epi8(ok, nan, _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q)));
-}
-__attribute__((target("avx2"))) inline __m256 floor_256(__m256 v) { return _mm256_floor_ps(v); }
-__attribute__((target("avx2"))) inline float hsum_256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-OMNI_VEC_FNS("avx2", avx2, __m256, __m256i, 8, ld16_256, st16_256, _mm256_set1_ps, _mm256_set1_epi32,
-             _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_min_ps, _mm256_max_ps, floor_256,
-             _mm256_cvtps_epi32, _mm256_add_epi32, _mm256_slli_epi32, _mm256_srli_epi32, _mm256_and_si256,
-             _mm256_castsi256_ps, _mm256_castps_si256, nan_blend_256, _mm256_or_si256, hsum_256)
 
 // The row kernels for the op's `isa` argument, as for the linear op (omni_quant.native.linear): "scalar" the plain
 // C++ ones, "avx2" (and "avx2vnni") the AVX2 ones, anything else ("auto", "avx512vnni") the best this CPU runs (its
@@ -206,8 +61,9 @@ const RowFns& row_fns(c10::string_view isa) {
   static const RowFns scalar{add_rms_row_scalar, silu_mul_row_scalar};
   static const RowFns avx2{add_rms_row_avx2, silu_mul_row_avx2};
   static const RowFns avx512{add_rms_row_avx512, silu_mul_row_avx512};
-  static const bool has_avx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2"));
-  static const bool has_avx512 = __builtin_cpu_supports("avx512f");
+  static const bool has_avx2 = (__builtin_cpu_init(), __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"));
+  static const bool has_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                 __builtin_cpu_supports("avx512vl");  // kernel_avx512.cpp's rows need F, BW, VL
   if (isa == "scalar" || !has_avx2) return scalar;
   if (isa == "avx2" || isa == "avx2vnni" || !has_avx512) return avx2;
   return avx512;

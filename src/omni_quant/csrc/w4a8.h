@@ -105,4 +105,22 @@ void dequantize_sb_avx512(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_avx2(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_scalar(const SbDequantArgs& d, int64_t b0, int64_t b1);
 
+// Row kernels of the fused decoder-layer ops (layer_ops.cpp), bf16 bits in and out, one row of n:
+//   add_rms_row:  s = x (+ r) in float; res_out = bf16(s) (x itself without r);
+//                 out = bf16(bf16(s / sqrt(mean(s^2) + eps)) * w)   (vLLM's fused add + RMSNorm)
+//   silu_mul_row: out = bf16(g / (1 + exp(-g)) * u)                  (vLLM's SiLU-and-mul)
+// float inside, one rounding to bf16 where vLLM's eager code rounds; NaN stays a quiet NaN. exp is Cephes'
+// expf polynomial (within 2 ulp on [-87.3, 88]). The vector versions differ from the scalar one only in the
+// order of the sum of squares (lanes, then across them), and run the scalar one for a tail or a row
+// whose length is no multiple of their lanes.
+void add_rms_row_avx512(const uint16_t* x, const uint16_t* r, const uint16_t* w, float eps, int64_t n,
+                        uint16_t* res_out, uint16_t* out);
+void add_rms_row_avx2(const uint16_t* x, const uint16_t* r, const uint16_t* w, float eps, int64_t n,
+                      uint16_t* res_out, uint16_t* out);
+void add_rms_row_scalar(const uint16_t* x, const uint16_t* r, const uint16_t* w, float eps, int64_t n,
+                        uint16_t* res_out, uint16_t* out);
+void silu_mul_row_avx512(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out);
+void silu_mul_row_avx2(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out);
+void silu_mul_row_scalar(const uint16_t* g, const uint16_t* u, int64_t n, uint16_t* out);
+
 }  // namespace omni_w4a8
