@@ -4,7 +4,7 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.models.registry), ``fidelity`` (harness.models.fidelity), ``ledger`` (harness.memory.ledger),
 ``profile`` (harness.memory.profile), ``kernels`` (harness.kernels.matrix), ``pages``
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
-(harness.startup.run),
+(harness.startup.run), ``paired`` (harness.paired.run: servers taking turns, judged by paired ratios),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
 ``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load``,
 ``run-load-openvino`` and ``run-soak`` (servers under load).
@@ -27,6 +27,7 @@ COMMANDS = {
     "demo": "harness.demo",
     "bpw": "harness.models.bpw",
     "startup": "harness.startup.run",
+    "paired": "harness.paired.run",
     "run-vllm": "harness.arms.vllm",
     "run-llamacpp": "harness.arms.llamacpp",
     "run-ik-llamacpp": "harness.arms.ik_llamacpp",

@@ -15,8 +15,10 @@ def test_the_same_interpreter_builds_the_same_prompts_twice():
     first = [(p.id, p.workload, p.messages, p.sha256) for p in wl.all_prompts()]
     second = [(p.id, p.workload, p.messages, p.sha256) for p in wl.all_prompts()]
     assert first == second
-    assert {p.workload for p in wl.all_prompts()} == set(wl.WORKLOADS) == {"edit", "qa", "prose"}
-    assert len({p.id for p in wl.all_prompts()}) == len(wl.all_prompts())
+    assert {p.workload for p in wl.all_prompts()} == set(wl.BASE_WORKLOADS) == {"edit", "qa", "prose"}
+    everything = wl.all_prompts(wl.WORKLOADS)
+    assert {p.workload for p in everything} == {"edit", "qa", "prose", "chat"}
+    assert len({p.id for p in everything}) == len(everything) == 5
 
 
 def test_the_prompts_need_no_network(monkeypatch):
@@ -37,6 +39,13 @@ def test_edit_prompts_quote_the_installed_source_and_qa_the_installed_documentat
     assert inspect.cleandoc(textwrap.TextWrapper.__doc__) in qa.messages[0]["content"]
     (prose,) = wl.workload("prose")
     assert "```" not in prose.messages[0]["content"]
+
+
+def test_the_chat_prompt_is_three_turns_whose_answer_quotes_the_installed_documentation():
+    (chat,) = wl.workload("chat")
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user"]
+    assert inspect.cleandoc(textwrap.shorten.__doc__) in chat.messages[1]["content"]
+    assert "30 characters" in chat.messages[2]["content"]
 
 
 def test_a_prompt_records_its_id_workload_and_digest():

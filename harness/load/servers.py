@@ -11,6 +11,8 @@ their whole process group (``harness.server_process``). :func:`server_command` b
   --no-webui`` and ``extra``: one slot per concurrent stream (``-np``), each with ``ctx_per_slot`` tokens
   of context (``-c`` is the total, which llama-server divides among the slots), threads = the CPUs this
   process may use.
+- ``command``: any other OpenAI-compatible server: ``extra`` is its whole command line, where ``{port}`` stands
+  for the port and ``{python}`` for this interpreter (the paired benchmark's stub server, ``harness.paired``).
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from pathlib import Path
 
 __all__ = ["ServerSpec", "RunningServer", "server_command", "start_server"]
 
-KINDS = ("omni", "llama-server")
+KINDS = ("omni", "llama-server", "command")
 
 
 @dataclass(frozen=True)
 class ServerSpec:
-    """What to start. ``kind``: ``omni`` or ``llama-server``; ``model``: a checkpoint directory (omni) or a
+    """What to start. ``kind``: ``omni``, ``llama-server`` or ``command``; ``model``: a checkpoint directory (omni) or a
     ``.gguf`` file (llama-server); ``extra``: further arguments as one shell-quoted string;
     ``ctx_per_slot``: llama-server's context per slot, tokens; ``binary``: llama-server to run.
 
@@ -58,6 +60,8 @@ def server_command(spec: ServerSpec, port: int, slots: int = 1, threads: int | N
         FileNotFoundError: llama-server is not installed (``make spec-setup``) and no ``binary`` was given.
     """
     extra = shlex.split(spec.extra)
+    if spec.kind == "command":
+        return [p.replace("{port}", str(port)).replace("{python}", sys.executable) for p in extra]
     if spec.kind == "omni":
         return [str(Path(sys.executable).with_name("omni-vllm")), "serve", spec.model, "--served-model-name", "m",
                 "--host", "127.0.0.1", "--port", str(port), *extra]

@@ -5,6 +5,9 @@
   and suffix decoding find their drafts there).
 - ``qa``: a documentation text (a standard-library docstring) and a question answered by quoting it.
 - ``prose``: free writing with nothing to copy.
+- ``chat``: a multi-turn conversation: an earlier question, the assistant's earlier answer (a standard-library
+  docstring) and a follow-up that asks for an example and an explanation: some of the answer can be copied
+  from the conversation, most cannot.
 
 The sources are read with :func:`inspect.getsource` / ``__doc__`` from the interpreter running the
 harness, so a prompt is a pure function of the Python version: every prompt carries the sha256 of its
@@ -22,7 +25,7 @@ import importlib
 import inspect
 from dataclasses import dataclass
 
-__all__ = ["Prompt", "WORKLOADS", "workload", "all_prompts", "WorkloadError"]
+__all__ = ["Prompt", "WORKLOADS", "BASE_WORKLOADS", "workload", "all_prompts", "WorkloadError"]
 
 
 class WorkloadError(ValueError):
@@ -83,6 +86,12 @@ def _prose(pid: str, text: str) -> Prompt:
     return Prompt(pid, "prose", ({"role": "user", "content": text},))
 
 
+def _chat(pid: str, dotted: str, first: str, follow_up: str) -> Prompt:
+    return Prompt(pid, "chat", ({"role": "user", "content": first},
+                                {"role": "assistant", "content": f"From its documentation:\n\n{_doc(dotted)}"},
+                                {"role": "user", "content": follow_up}))
+
+
 def _build() -> dict[str, list[Prompt]]:
     return {
         "edit": [
@@ -101,11 +110,20 @@ def _build() -> dict[str, list[Prompt]]:
                    "Write a short story about a lighthouse keeper who finds a letter addressed to someone who "
                    "lived a hundred years ago."),
         ],
+        "chat": [
+            _chat("chat-shorten-example", "textwrap:shorten", "What does Python's textwrap.shorten do?",
+                  "Thanks. Show me a small example that shortens a long sentence to 30 characters with a custom "
+                  "placeholder, and explain what each argument you pass does."),
+        ],
     }
 
 
-WORKLOADS = ("edit", "qa", "prose")
+WORKLOADS = ("edit", "qa", "prose", "chat")
 """The workloads, in the order a runner measures them."""
+
+BASE_WORKLOADS = ("edit", "qa", "prose")
+"""What :func:`all_prompts` gives by default: the workloads the speculation, load and soak artifacts before
+``chat`` measured (their runners ask for these, so their prompts stay the same)."""
 
 
 def workload(name: str) -> list[Prompt]:
@@ -119,6 +137,6 @@ def workload(name: str) -> list[Prompt]:
     return _build()[name]
 
 
-def all_prompts(names: tuple[str, ...] = WORKLOADS) -> list[Prompt]:
+def all_prompts(names: tuple[str, ...] = BASE_WORKLOADS) -> list[Prompt]:
     """Every prompt of the named workloads, workload by workload."""
     return [p for n in names for p in workload(n)]
