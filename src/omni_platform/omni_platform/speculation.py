@@ -21,8 +21,12 @@ from __future__ import annotations
 
 __all__ = ["CHOSEN", "CHOSEN_FROM", "default_speculative_config", "why_not"]
 
-CHOSEN: dict = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
-"""The setting the speculation benchmark chose (docs/speculation.md names the artifact and the arms)."""
+PROPOSER = "omni_platform.spec_proposer.GatedPromptLookup"
+"""vLLM's ``custom_class`` proposer omni drafts with (``omni_platform.spec_proposer``)."""
+
+CHOSEN: dict = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": 8}
+"""The setting the paired speculation benchmark judged (docs/speculation.md names the artifact): gated prompt
+lookup, up to 8 draft tokens, drafting only while one request decodes (the proposer's own rule)."""
 
 CHOSEN_FROM = "harness/results/speculation-*.json: see docs/speculation.md"
 """Where the choice was measured, for the log line."""
@@ -53,11 +57,10 @@ def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool,
     return None
 
 
-def default_speculative_config(max_num_seqs: int | None) -> dict:
-    """:data:`CHOSEN` with vLLM's batch-size schedule: ``num_speculative_tokens`` drafts at batch size 1,
-    none from 2 to ``max_num_seqs`` (at least 2, so that the schedule names both ranges).
+def default_speculative_config(max_num_seqs: int | None = None) -> dict:
+    """:data:`CHOSEN` as a new dict, shaped as ``vllm.LLM(speculative_config=...)`` takes it.
 
-    Returns a new dict each call, shaped as ``vllm.LLM(speculative_config=...)`` takes it."""
-    top = max(int(max_num_seqs or 2), 2)
-    return {**CHOSEN, "num_speculative_tokens_per_batch_size": [[1, 1, CHOSEN["num_speculative_tokens"]],
-                                                                [2, top, 0]]}
+    ``max_num_seqs`` is not used: the gated proposer itself drafts nothing while several requests decode
+    (vLLM's batch-size schedule ``num_speculative_tokens_per_batch_size`` is not needed; the earlier ngram
+    default used it)."""
+    return dict(CHOSEN)
