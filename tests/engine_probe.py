@@ -15,7 +15,9 @@ with ``"spec_counters": true`` (the engine built with ``disable_log_stats=False`
 and none: greedy) set the sampling; with ``"repeat": true`` the prompts are generated a second time,
 reported as ``repeat_token_ids``; ``"per_prompt"`` (one dict per prompt: ``temperature``, ``seed``,
 ``max_tokens``, ``structured_outputs``) overrides them prompt by prompt; every result has each output's
-``finish_reasons``. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine built with ``enable_lora``) the prompts
+``finish_reasons``. With ``"rss_anon": true``, ``rss_anon_before`` and ``rss_anon_after``: each worker's RssAnon
+(bytes) after start-up and after the prompts were generated. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine
+built with ``enable_lora``) the prompts
 are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
 
 ``{"runs": [CONFIG, ...]}`` runs one engine after another in this one process (each shut down and
@@ -37,6 +39,7 @@ def run_one(config):
     from vllm.inputs import TokensPrompt
 
     llm = LLM(**config["llm"], **({"disable_log_stats": False} if config.get("spec_counters") else {}))
+    rss_before = llm.collective_rpc(_rss_anon) if config.get("rss_anon") else None
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in config["prompts"]]
     base = {"temperature": config.get("temperature", 0.0), "seed": config.get("seed"),
             "max_tokens": config.get("max_tokens", 16), "prompt_logprobs": 0 if config.get("prompt_logprobs") else None}
@@ -44,6 +47,7 @@ def run_one(config):
     if config.get("per_prompt"):
         params = [SamplingParams(**{**base, **_structured(overrides)}) for overrides in config["per_prompt"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
+    rss_after = llm.collective_rpc(_rss_anon) if config.get("rss_anon") else None
     repeat = None
     if config.get("repeat"):
         repeat = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -86,8 +90,17 @@ def run_one(config):
         "lora_token_ids": lora,
         "speculative": _speculative(llm),
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
+        "rss_anon_before": rss_before,
+        "rss_anon_after": rss_after,
     }
     return result, llm
+
+
+def _rss_anon(_worker=None):
+    """This process's RssAnon in bytes (called in each worker through ``collective_rpc``)."""
+    from omni_platform.procfs import status_bytes
+
+    return status_bytes("RssAnon")
 
 
 def _structured(overrides):

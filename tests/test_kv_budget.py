@@ -118,3 +118,29 @@ def test_c14_requests_that_fit_max_model_len_finish_together_without_preemption(
     finally:
         stop_group(proc)
     assert f"max_num_seqs={seqs}" in log.read_text() and "null block" in log.read_text()
+
+
+# Qwen2.5-Coder-1.5B in bf16: 28 layers x 2 (K, V) x 128 tokens x 2 KV heads x 128 x 2 bytes.
+QWEN_BLOCK = 28 * 2 * 128 * 2 * 128 * 2
+
+
+def test_a_ceiling_holds_a_full_context_server_to_what_an_8_gib_machine_can_live_with():
+    # omni-vllm serve with no --max-model-len: the model's 32768 tokens for each of 8 sequences (7 GiB)
+    b = plan_kv_cache_bytes(bytes_per_block=QWEN_BLOCK, block_size=128, max_model_len=32768, max_num_seqs=8,
+                            available_bytes=16 * GiB, max_fraction=0.5, max_bytes=2 * GiB)
+    assert b.capped and b.bytes <= 2 * GiB
+    assert b.num_blocks == (2 * GiB) // QWEN_BLOCK
+    assert b.num_blocks - 1 >= 32768 // 128  # one full-length sequence fits beside vLLM's null block
+    assert "OMNI_KV_CACHE_MAX_MIB=2048" in b.reason and "full-length sequences" in b.reason
+
+
+def test_the_ceiling_yields_to_one_full_length_sequence():
+    b = plan_kv_cache_bytes(bytes_per_block=QWEN_BLOCK, block_size=128, max_model_len=32768, max_num_seqs=8,
+                            available_bytes=16 * GiB, max_fraction=0.5, max_bytes=256 << 20)
+    assert b.num_blocks == 32768 // 128 + 1
+
+
+def test_a_budget_under_the_ceiling_is_unchanged():
+    args = dict(bytes_per_block=QWEN_BLOCK, block_size=128, max_model_len=4096, max_num_seqs=8,
+                available_bytes=16 * GiB, max_fraction=0.5)
+    assert plan_kv_cache_bytes(**args, max_bytes=2 * GiB) == plan_kv_cache_bytes(**args)

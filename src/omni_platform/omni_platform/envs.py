@@ -91,6 +91,16 @@ SETTINGS: dict[str, Setting] = {
             "OmniPlatform reserves no core for the engine core process there.",
         ),
         Setting(
+            "OMNI_KV_CACHE_MAX_MIB",
+            _nonneg_int,
+            2048,
+            "MiB: ceiling of the automatic KV cache budget, never below one sequence of max_model_len tokens "
+            "(omni_platform.kv_budget). A server started without --max-model-len otherwise asks for the "
+            "model's whole context for each of max_num_seqs sequences (7 GiB on Qwen2.5-Coder-1.5B). The "
+            "pages become resident as tokens are written (omni-patches' _patch_cpu_kv_cache_lazy_pages), so "
+            "the ceiling bounds the worst case, not what an idle server holds. 0: no ceiling.",
+        ),
+        Setting(
             "OMNI_KV_CACHE_MAX_FRACTION",
             _positive_float,
             0.5,

@@ -47,8 +47,14 @@ def plan_kv_cache_bytes(
     max_num_seqs: int,
     available_bytes: int,
     max_fraction: float,
+    max_bytes: int | None = None,
 ) -> KvBudget:
     """Size the KV cache for ``max_num_seqs`` sequences of ``max_model_len`` tokens.
+
+    With ``max_bytes`` (``OMNI_KV_CACHE_MAX_MIB``), the budget is also held under that ceiling, but never
+    below one sequence of ``max_model_len`` tokens: a server started without ``--max-model-len`` takes the
+    model's whole context (32768 tokens on Qwen2.5) for each of ``max_num_seqs`` sequences, 7 GiB on
+    Qwen2.5-Coder-1.5B, which an 8 GiB machine cannot hold; one full-length request must still fit.
 
     Args:
         bytes_per_block: bytes of one block over all attention layers (K and V).
@@ -57,6 +63,7 @@ def plan_kv_cache_bytes(
         max_num_seqs: sequences the scheduler may run at once.
         available_bytes: memory available now (bytes).
         max_fraction: at most this fraction of ``available_bytes`` is used.
+        max_bytes: a ceiling in bytes that yields to one full-length sequence (None: no ceiling).
 
     Returns:
         The budget; ``bytes == num_blocks * bytes_per_block`` exactly, so vLLM's
@@ -88,9 +95,22 @@ def plan_kv_cache_bytes(
             "available) may be used. Lower max_model_len, free memory, or set "
             "kv_cache_memory_bytes explicitly."
         )
+    ceiling_blocks = None
+    if max_bytes is not None:
+        ceiling_blocks = max(max_bytes // bytes_per_block, blocks_per_seq + RESERVED_BLOCKS)
     capped = wanted > cap_blocks
     num_blocks = min(wanted, cap_blocks)
     mib = num_blocks * bytes_per_block / 2**20
+    if ceiling_blocks is not None and num_blocks > ceiling_blocks:
+        num_blocks = ceiling_blocks
+        mib = num_blocks * bytes_per_block / 2**20
+        seqs = (num_blocks - RESERVED_BLOCKS) / blocks_per_seq
+        reason = (
+            f"max_model_len={max_model_len} x max_num_seqs={max_num_seqs} wants {wanted} blocks; held at "
+            f"{num_blocks} blocks ({mib:.1f} MiB, {seqs:.1f} full-length sequences) by OMNI_KV_CACHE_MAX_MIB="
+            f"{max_bytes / 2**20:.0f}, never below one full-length sequence"
+        )
+        return KvBudget(num_blocks, num_blocks * bytes_per_block, True, reason)
     if capped:
         reason = (
             f"max_model_len={max_model_len} x max_num_seqs={max_num_seqs} wants {wanted} "

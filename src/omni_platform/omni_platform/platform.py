@@ -347,6 +347,7 @@ class OmniPlatform(CpuPlatform):
             max_num_seqs=vllm_config.scheduler_config.max_num_seqs,
             available_bytes=_available_node_memory(),
             max_fraction=envs.OMNI_KV_CACHE_MAX_FRACTION,
+            max_bytes=envs.OMNI_KV_CACHE_MAX_MIB * (1 << 20) or None,
         )
         cache_config.kv_cache_memory_bytes = budget.bytes
         _mark_auto_set("OMNI_AUTO_KV_CACHE_MEMORY_BYTES", str(budget.bytes))

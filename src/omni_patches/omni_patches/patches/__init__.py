@@ -30,12 +30,13 @@ class Patch:
 
 
 def all_patches() -> list[Patch]:
-    """The eighteen patches, in application order."""
+    """The nineteen patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.detokenizer_prompt_tail import PATCH as DETOKENIZER_TAIL
     from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
     from omni_patches.patches.kv_cache import PATCH as KV
+    from omni_patches.patches.kv_lazy_pages import PATCH as KV_LAZY
     from omni_patches.patches.lora_embedding import PATCH as LORA_EMBEDDING
     from omni_patches.patches.modelinfo_cache import PATCH as MODELINFO
     from omni_patches.patches.modelinfo_in_process import PATCH as MODELINFO_IN_PROCESS
@@ -52,4 +53,4 @@ def all_patches() -> list[Patch]:
 
     return [AOT, KV, RELEASE, BATCH, SEEDS, WARMUP, PP, MODELINFO, TOKEN_IDS, EMBEDDING, TOKENIZER_POOL,
             PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL,
-            LORA_EMBEDDING, SPEC_EXPAND, DETOKENIZER_TAIL]
+            LORA_EMBEDDING, SPEC_EXPAND, DETOKENIZER_TAIL, KV_LAZY]

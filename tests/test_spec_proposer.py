@@ -1,0 +1,116 @@
+"""The gated prompt-lookup proposer's rules (omni_platform/spec_proposer.py), step by step on synthetic
+batches shaped as vLLM 0.28's worker hands them over (per-row sampled tokens, token counts, the token
+table), and its suffix matcher against a brute-force reference. Greedy equality in a real engine:
+tests/test_speculation.py (method ``gated``)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from omni_platform.spec_proposer import MIN_MATCH, START_K, GatedPromptLookup, longest_suffix_match
+
+MAX_LEN = 256
+
+
+def _proposer(k=8, max_len=MAX_LEN):
+    return GatedPromptLookup(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                                             model_config=SimpleNamespace(max_model_len=max_len)))
+
+
+class Batch:
+    """Rows of tokens as the worker keeps them: a table and a count per row."""
+
+    def __init__(self, *rows):
+        self.table = np.zeros((4, MAX_LEN), dtype=np.int32)
+        self.n = np.zeros(4, dtype=np.int64)
+        for i, r in enumerate(rows):
+            self.table[i, : len(r)] = r
+            self.n[i] = len(r)
+        self.rows = len(rows)
+
+    def step(self, prop, sampled):
+        """Append each row's sampled tokens, then ask for drafts."""
+        for i, s in enumerate(sampled):
+            self.table[i, self.n[i]: self.n[i] + len(s)] = s
+            self.n[i] += len(s)
+        return prop.propose([list(s) for s in sampled], self.n[: self.rows], self.table)
+
+
+def _brute(tokens, min_n, max_n):
+    n = len(tokens)
+    for length in range(min(max_n, n - 1), min_n - 1, -1):
+        suffix = tokens[n - length:]
+        for end in range(n - 2, length - 2, -1):
+            if tokens[end - length + 1: end + 1] == suffix:
+                return length, end
+    return 0, -1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=0, max_size=40), st.integers(1, 4), st.integers(4, 9))
+def test_the_matcher_finds_the_latest_occurrence_of_the_longest_suffix(tokens, min_n, max_n):
+    got = longest_suffix_match(np.array(tokens, dtype=np.int32), min_n, max_n)
+    assert got == _brute(tokens, min_n, max_n)
+
+
+def test_a_repeated_text_is_drafted_and_full_acceptance_doubles_the_draft():
+    text = list(range(10, 40))
+    prop, b = _proposer(), Batch(text + text[:5])  # the last 5 tokens occurred at the start
+    (d,) = b.step(prop, [[text[5]]])
+    assert d == text[6: 6 + START_K]
+    (d,) = b.step(prop, [d + [text[6 + START_K]]])  # every draft accepted, plus the bonus token
+    k = 2 * START_K
+    assert d == text[7 + START_K: 7 + START_K + k]
+
+
+def test_a_partial_acceptance_shrinks_the_draft_to_what_was_earned():
+    text = list(range(10, 40))
+    prop, b = _proposer(), Batch(text + text[:5])
+    (d,) = b.step(prop, [[text[5]]])
+    (d,) = b.step(prop, [[d[0], 99]])  # one accepted, then the model went its own way
+    assert d == []  # "..., 99" has no 3-token match
+    assert prop.rows[0].k == 2
+
+
+def test_drafts_that_keep_failing_cool_the_request_down_and_raise_the_match_it_needs():
+    pattern = [1, 2, 3, 4, 5, 6]
+    prop, b = _proposer(), Batch(pattern * 4)
+    (d,) = b.step(prop, [[1]])
+    assert d  # "... 5 6 1" recurs: a draft
+    (d,) = b.step(prop, [[77]])  # nothing accepted
+    row = prop.rows[0]
+    assert d == [] and row.misses == 1 and row.cooldown == 1  # 2**1 steps without drafts, one spent now
+    assert b.step(prop, [[1]]) == [[]]
+    row.misses = 6  # after many misses the match must be MIN_MATCH + 6 tokens long
+    b.step(prop, [[2]])
+    assert b.step(prop, [[3]]) == [[]]  # "1 2 3" (3 tokens) recurs, but 9 are needed now
+    assert MIN_MATCH + 6 > 3
+
+
+def test_nothing_is_drafted_while_several_requests_decode():
+    text = list(range(10, 40))
+    prop, b = _proposer(), Batch(text + text[:5], text + text[:5])
+    assert b.step(prop, [[text[5]], [text[5]]]) == [[], []]
+    # the second request still prefilling (no sampled token): the first one decodes alone and drafts
+    d = b.step(prop, [[text[6]], []])
+    assert d[0] and d[1] == []
+
+
+def test_a_new_request_in_a_row_starts_afresh():
+    text = list(range(10, 40))
+    prop, b = _proposer(), Batch(text + text[:5])
+    b.step(prop, [[text[5]]])
+    prop.rows[0].misses, prop.rows[0].cooldown = 3, 8
+    b2 = Batch(list(range(100, 130)) + list(range(100, 105)))  # another request took row 0
+    d = b2.step(prop, [[105]])
+    assert prop.rows[0].misses == 0 and d[0] == list(range(106, 106 + START_K))
+    assert prop.new_rows == 2
+
+
+def test_drafts_stop_at_the_models_length():
+    text = list(range(10, 40))
+    prop, b = _proposer(max_len=38), Batch(text + text[:5])
+    (d,) = b.step(prop, [[text[5]]])  # 36 tokens: room for 38 - 36 - 1 = 1 draft token
+    assert d == text[6:7]
