@@ -7,7 +7,8 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.startup.run), ``paired`` (harness.paired.run: servers taking turns, judged by paired ratios),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
 ``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load``,
-``run-load-openvino`` and ``run-soak`` (servers under load).
+``run-load-openvino`` and ``run-soak`` (servers under load), ``run-kv-residency`` (a server's memory around a
+long request).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ COMMANDS = {
     "run-load": "harness.load.sweep",
     "run-load-openvino": "harness.load.openvino_cb",
     "run-soak": "harness.load.soak",
+    "run-kv-residency": "harness.memory.kv_residency",
     "plot-load": "harness.load.plot",
 }
 

@@ -81,6 +81,10 @@ class UnknownMetricError(KeyError):
 _LEDGER = "python -m harness ledger (what each worker mapping holds, and the unexplained remainder)"
 _PHASES = "vLLM's own start-up log (seconds of weight loading, compilation, KV allocation) and more passes"
 
+_KV_KIND = {"anon": "RssAnon", "total": "RssAnon + RssFile + RssShmem"}
+_KV_WHEN = {"first": "after its first, short request", "long": "right after a --long-tokens request",
+            "after": "seconds after that long request ended"}
+
 _ALL = [
     Metric("tg_tps", Direction.HIGHER, "tok/s", 5.0, False, "decode (text generation) tokens per second, one stream"),
     Metric("tg_host_ms", Direction.LOWER, "ms", 5.0, False,
@@ -114,6 +118,10 @@ _ALL = [
            _LEDGER),
     Metric("kv_cache_mb", Direction.LOWER, "MiB", 1.0, True,
            "KV cache tensors allocated in the first worker (bytes / 2**20)", _LEDGER),
+    *[Metric(f"kv_rss_{kind}_{when}_mb", Direction.LOWER, "MiB", 2.0, True,
+             f"tree {_KV_KIND[kind]} of an omni server {_KV_WHEN[when]} (harness/memory/kv_residency.py)", _LEDGER)
+      for kind, when in (("anon", "first"), ("anon", "long"), ("anon", "after"), ("total", "first"),
+                         ("total", "long"))],
     Metric("start_cold_s", Direction.LOWER, "s", 10.0, False,
            "launch to first token, the arm's cache empty (its first start in the run)", _PHASES, one_of="start"),
     Metric("start_warm_s", Direction.LOWER, "s", 10.0, False,
