@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_platform.spec_proposer import MIN_MATCH, START_K, GatedPromptLookup, longest_suffix_match
+from omni_platform.spec_proposer import START_K, GatedPromptLookup, longest_suffix_match
 
 MAX_LEN = 256
 
@@ -83,10 +83,11 @@ def test_drafts_that_keep_failing_cool_the_request_down_and_raise_the_match_it_n
     row = prop.rows[0]
     assert d == [] and row.misses == 1 and row.cooldown == 1  # 2**1 steps without drafts, one spent now
     assert b.step(prop, [[1]]) == [[]]
-    row.misses = 6  # after many misses the match must be MIN_MATCH + 6 tokens long
-    b.step(prop, [[2]])
-    assert b.step(prop, [[3]]) == [[]]  # "1 2 3" (3 tokens) recurs, but 9 are needed now
-    assert MIN_MATCH + 6 > 3
+    row.misses = 6  # after many misses the match must be min(MIN_MATCH + 6, MAX_MATCH) = 8 tokens long
+    assert b.step(prop, [[2]]) == [[]]  # "... 77 1 2": the 2-token match "1 2" is not enough
+    assert b.step(prop, [[3]]) == [[]]  # "1 2 3" (3 tokens) recurs, but 8 are needed now
+    row.misses = 0
+    assert b.step(prop, [[4]])[0] == [5, 6]  # "1 2 3 4" recurs: enough again; k was halved by the miss
 
 
 def test_nothing_is_drafted_while_several_requests_decode():
@@ -114,3 +115,14 @@ def test_drafts_stop_at_the_models_length():
     prop, b = _proposer(max_len=38), Batch(text + text[:5])
     (d,) = b.step(prop, [[text[5]]])  # 36 tokens: room for 38 - 36 - 1 = 1 draft token
     assert d == text[6:7]
+
+
+def test_the_match_and_first_draft_lengths_come_from_omnis_settings(monkeypatch):
+    monkeypatch.setenv("OMNI_SPEC_MIN_MATCH", "2")
+    monkeypatch.setenv("OMNI_SPEC_START_K", "2")
+    prop = _proposer()
+    assert (prop.min_match, prop.start_k) == (2, 2)
+    b = Batch([5, 6, 9, 9, 9, 9, 5])
+    assert b.step(prop, [[6]]) == [[9, 9]]  # "5 6" recurs: two tokens of match are enough now
+    monkeypatch.setenv("OMNI_SPEC_MIN_MATCH", "3")
+    assert Batch([5, 6, 9, 9, 9, 9, 5]).step(_proposer(), [[6]]) == [[]]

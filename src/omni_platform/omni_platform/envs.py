@@ -144,6 +144,21 @@ SETTINGS: dict[str, Setting] = {
             "passes always wins.",
         ),
         Setting(
+            "OMNI_SPEC_MIN_MATCH",
+            _nonneg_int,
+            3,
+            "Tokens: the shortest suffix of a request's tokens that must have occurred before for omni's gated "
+            "prompt lookup (omni_platform.spec_proposer) to draft; each run of failed drafts adds one.",
+        ),
+        Setting(
+            "OMNI_SPEC_START_K",
+            _nonneg_int,
+            4,
+            "Tokens a request's first draft holds in omni's gated prompt lookup (omni_platform.spec_proposer); "
+            "a fully accepted draft doubles it up to num_speculative_tokens, a partial one sets it to the "
+            "accepted tokens + 1.",
+        ),
+        Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",
             _nonneg_int,
             1 << 20,

@@ -12,9 +12,10 @@ on free prose where k=3 did not). vLLM's ``ngram`` method drafts whenever any 2-
 which in prose is often and wrong. This proposer drafts:
 
 - only while one request decodes (with several, a step already reads the weights once for all of them);
-- only after a match of at least :data:`MIN_MATCH` tokens (the longest suffix of the request's tokens,
-  up to :data:`MAX_MATCH`, that occurred before; the most recent occurrence wins);
-- for each request, as many tokens as its recent drafts earned: ``k`` starts at :data:`START_K`, doubles
+- only after a match of at least ``OMNI_SPEC_MIN_MATCH`` tokens (default :data:`MIN_MATCH`; the longest suffix
+  of the request's tokens, up to :data:`MAX_MATCH`, that occurred before; the most recent occurrence wins);
+- for each request, as many tokens as its recent drafts earned: ``k`` starts at ``OMNI_SPEC_START_K``
+  (default :data:`START_K`), doubles
   (up to the config's ``num_speculative_tokens``) after a draft fully accepted, falls to accepted + 1
   after a partial one;
 - nothing for a request whose drafts keep failing: after ``m`` drafts in a row with nothing accepted, it
@@ -36,11 +37,13 @@ import numpy as np
 __all__ = ["GatedPromptLookup", "MAX_COOLDOWN", "MAX_MATCH", "MIN_MATCH", "START_K", "longest_suffix_match"]
 
 MIN_MATCH = 3
-"""Tokens of the request's latest suffix that must have occurred before for a draft."""
+"""Tokens of the request's latest suffix that must have occurred before for a draft (``OMNI_SPEC_MIN_MATCH``'s
+default)."""
 MAX_MATCH = 8
 """The longest suffix looked up (longer matches are counted as this long)."""
 START_K = 4
-"""Draft tokens a request starts with (capped by the config's ``num_speculative_tokens``)."""
+"""Draft tokens a request starts with, capped by the config's ``num_speculative_tokens`` (``OMNI_SPEC_START_K``'s
+default)."""
 MAX_COOLDOWN = 64
 """The most steps a request whose drafts keep failing waits before drafting again."""
 _FINGERPRINT = 8
@@ -93,9 +96,14 @@ class GatedPromptLookup:
     Args:
         vllm_config: the engine's ``VllmConfig``; its ``speculative_config.num_speculative_tokens`` is the
             most tokens one draft may hold, ``model_config.max_model_len`` caps drafts at the sequence end.
+        min_match, start_k: override ``OMNI_SPEC_MIN_MATCH`` and ``OMNI_SPEC_START_K`` (tests).
     """
 
-    def __init__(self, vllm_config) -> None:
+    def __init__(self, vllm_config, *, min_match: int | None = None, start_k: int | None = None) -> None:
+        from omni_platform import envs
+
+        self.min_match = max(1, envs.OMNI_SPEC_MIN_MATCH if min_match is None else min_match)
+        self.start_k = max(1, envs.OMNI_SPEC_START_K if start_k is None else start_k)
         self.k_max = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.rows: dict[int, _Row] = {}
@@ -144,7 +152,7 @@ class GatedPromptLookup:
         row = self.rows.get(i)
         if row is None or row.fingerprint != fp or row.num_tokens + len(sampled) != num_tokens:
             self.new_rows += 1
-            self.rows[i] = _Row(fp, num_tokens, min(START_K, self.k_max))
+            self.rows[i] = _Row(fp, num_tokens, min(self.start_k, self.k_max))
             return
         if row.drafted:
             accepted = min(len(sampled) - 1, row.drafted)
@@ -166,7 +174,7 @@ class GatedPromptLookup:
             row.cooldown -= 1
             return []
         room = self.max_model_len - tokens.shape[0] - 1
-        need = MIN_MATCH + min(row.misses, MAX_MATCH - MIN_MATCH)
+        need = min(self.min_match + row.misses, MAX_MATCH)
         k = min(row.k, room)
         if k <= 0:
             return []
