@@ -27,6 +27,9 @@ from pathlib import Path
 __all__ = ["ServerSpec", "RunningServer", "server_command", "start_server"]
 
 KINDS = ("omni", "llama-server", "command")
+MEASURED_ENV = {"omni": {"OMNI_COMPILE_AHEAD": "0"}}
+"""Set for a measured server unless its spec's ``env`` says otherwise: no background compile beside what is
+measured (a first start compiles before serving, as vLLM does)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def start_server(spec: ServerSpec, slots: int = 1, timeout_s: float = 900.0, log
     log = log_dir / f"{spec.kind}-{os.getpid()}-{port}.log"
     with open(log, "wb") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **spec.env})
+                                env={**os.environ, **MEASURED_ENV.get(spec.kind, {}), **spec.env})
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s, log)
     except BaseException:

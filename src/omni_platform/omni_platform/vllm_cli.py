@@ -14,6 +14,9 @@ file, made once and cached by its digest; the served model name stays the file's
 ``serve`` checks its port before any of that: a port already in use ends the command in seconds, in one
 line naming it, instead of after a long conversion (C31; vLLM itself binds only once the engine is up). So
 does a GGUF whose conversion cache (under ``VLLM_CACHE_ROOT``) cannot be written (C21).
+
+The first ``serve`` of a configuration serves eager while a background process compiles it for later starts
+(:mod:`omni_platform.compile_ahead`); the line ``omni-vllm serve: compile mode: ...`` says which and why.
 """
 
 from __future__ import annotations
@@ -151,6 +154,13 @@ def main() -> None:
     _check_serve_port(sys.argv)
     _check_gguf_cache(sys.argv)
     sys.argv = _resolve_serve_model(sys.argv)
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        from omni_platform.compile_ahead import plan
+
+        idx = _serve_model_index(sys.argv)
+        decided = plan(sys.argv, sys.argv[idx] if idx is not None else None)
+        print(f"omni-vllm serve: compile mode: {decided.reason}", file=sys.stderr, flush=True)
+        sys.argv = decided.argv
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()
