@@ -1,10 +1,10 @@
-"""omni's speculation setting (issue 33): off by default, ``OMNI_SPECULATION=auto`` opts in; its condition, its
-log line and its overrides.
+"""omni's speculation default (issues 33 and 47): on by default on small machines (``OMNI_SPECULATION=auto``),
+``OMNI_SPECULATION=off`` opts out; its condition, its log line and its overrides.
 
-With ``OMNI_SPECULATION=auto``, on a small machine an engine given no speculative config gets prompt lookup
-(vLLM's ``ngram``) at batch size 1 (``omni_platform/speculation.py``, applied by
-``_patch_cpu_speculation_default``); a speculative config of the user's own overrides it. Unset, the engine does
-not speculate (docs/speculation.md says why). The engine tests use the real SmolLM2 int4, eager.
+On a small machine an engine given no speculative config gets omni's gated prompt lookup (vLLM's
+``custom_class`` hook, ``omni_platform/spec_proposer.py``), which drafts only while one request decodes
+(``omni_platform/speculation.py``, applied by ``_patch_cpu_speculation_default``); a speculative config of the
+user's own overrides it. The engine tests use the real SmolLM2 int4, eager.
 """
 
 import pytest
@@ -22,7 +22,7 @@ def test_a_small_machine_with_nothing_chosen_speculates():
 
 
 @pytest.mark.parametrize(("change", "reason"), [
-    ({"mode": "off"}, "OMNI_SPECULATION=off (the default; OMNI_SPECULATION=auto opts in)"),
+    ({"mode": "off"}, "OMNI_SPECULATION=off"),
     ({"user_config": True}, "the engine arguments name a speculative config"),
     ({"logits_processors": True}, "custom logits processors"),
     ({"runner_type": "pooling"}, "runs as 'pooling'"),
@@ -32,16 +32,24 @@ def test_each_reason_against_the_default_is_named(change, reason):
     assert reason in speculation.why_not(**{**SMALL, **change})
 
 
-def test_the_default_speculates_at_batch_size_one_only_in_a_schedule_vllm_accepts():
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+def test_the_default_is_the_gated_proposer_that_vllm_loads_through_its_custom_class_hook(monkeypatch):
+    from vllm.v1.spec_decode.custom_class_proposer import create_custom_proposer
+
+    from omni_platform import envs
 
     cfg = speculation.default_speculative_config(8)
-    k = speculation.CHOSEN["num_speculative_tokens"]
-    assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == k
-    lookup = build_dynamic_sd_schedule_lookup(cfg["num_speculative_tokens_per_batch_size"], 8, k)
-    assert lookup[1:] == [k] + [0] * 7
-    assert speculation.default_speculative_config(None)["num_speculative_tokens_per_batch_size"][-1] == [2, 2, 0]
+    assert cfg == {"method": "custom_class", "model": "omni_platform.spec_proposer.GatedPromptLookup",
+                   "num_speculative_tokens": 8}
     assert cfg is not speculation.default_speculative_config(8)  # a new dict: vLLM mutates what it is given
+    monkeypatch.delenv("OMNI_SPECULATION", raising=False)
+    assert envs.OMNI_SPECULATION == "auto"
+
+    class Config:  # what create_custom_proposer reads, and what the proposer reads
+        speculative_config = type("S", (), {"model": cfg["model"], "num_speculative_tokens": 8})()
+        model_config = type("M", (), {"max_model_len": 512})()
+
+    proposer = create_custom_proposer(Config())
+    assert type(proposer).__name__ == "GatedPromptLookup" and proposer.k_max == 8
 
 
 def _llm(model, **kw):
@@ -59,23 +67,24 @@ def default_on(int4_model_dir):
         {"llm": _llm(int4_model_dir, speculative_config=user), "prompts": prompts, "max_tokens": 48},
         {"llm": _llm(int4_model_dir), "prompts": prompts[:1], "max_tokens": 48, "temperature": 0.8, "seed": 7,
          "repeat": True, "spec_counters": True},
-    ]}, clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="auto"))
+    ]}, clean_env(VLLM_PLUGINS="omni"))  # OMNI_SPECULATION unset: the default, auto
 
 
 @pytest.fixture(scope="module")
 def default_off(int4_model_dir):
     prompts = ["List the numbers from 1 to 30, separated by commas: 1, 2, 3,", "Once upon a time"]
     return run_engine({"llm": _llm(int4_model_dir), "prompts": prompts, "max_tokens": 48},
-                      clean_env(VLLM_PLUGINS="omni"))  # OMNI_SPECULATION unset: the default, off
+                      clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off"))
 
 
 @pytest.mark.engine
-def test_with_auto_an_engine_without_a_speculative_config_speculates_and_says_so(default_on, default_off):
+def test_by_default_an_engine_without_a_speculative_config_speculates_and_says_so(default_on, default_off):
     default, user, _ = default_on["runs"]
     k = speculation.CHOSEN["num_speculative_tokens"]
-    assert default["speculative"] == {"method": "ngram", "num_speculative_tokens": k,
-                                      "num_speculative_tokens_per_batch_size": [[1, 1, k], [2, 4, 0]]}
-    assert "speculative decoding (OMNI_SPECULATION=auto)" in default_on.log and "OMNI_SPECULATION=off" in default_on.log
+    assert default["speculative"] == {"method": "custom_class", "num_speculative_tokens": k,
+                                      "num_speculative_tokens_per_batch_size": None}
+    assert "speculative decoding (OMNI_SPECULATION=auto, the default)" in default_on.log
+    assert "OMNI_SPECULATION=off" in default_on.log and "min_p and logit_bias" in default_on.log
     assert default["spec_counters"]["drafts"] > 0  # alone, at batch size 1, it drafted
     # greedy tokens: the same speculated alone, together (batch 2: no drafts), and not speculated at all
     assert default["token_ids"] == default["alone_token_ids"] == default_off["token_ids"]
@@ -89,13 +98,13 @@ def test_a_speculative_config_of_the_users_own_wins(default_on):
 
 
 @pytest.mark.engine
-def test_by_default_the_engine_does_not_speculate(default_off):
+def test_off_the_engine_does_not_speculate_and_says_why(default_off):
     assert default_off["speculative"] is None
-    assert "no speculative decoding by default: OMNI_SPECULATION=off (the default" in default_off.log
+    assert "no speculative decoding by default: OMNI_SPECULATION=off" in default_off.log
 
 
 @pytest.mark.engine
-def test_a_seeded_sampled_request_repeats_its_tokens_under_auto(default_on):
+def test_a_seeded_sampled_request_repeats_its_tokens_under_the_default(default_on):
     sampled = default_on["runs"][2]
-    assert sampled["speculative"]["method"] == "ngram" and sampled["spec_counters"]["drafts"] > 0
+    assert sampled["speculative"]["method"] == "custom_class" and sampled["spec_counters"]["drafts"] > 0
     assert sampled["token_ids"] == sampled["repeat_token_ids"]

@@ -135,13 +135,22 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "OMNI_SPECULATION",
             _speculation_mode,
-            "off",
-            "off (the default): no speculation unless the user configures it. auto: on a small machine (at "
-            "most OMNI_FEW_CPUS physical cores), an engine given no speculative_config speculates with the "
-            "method and settings the speculation benchmark chose (omni_platform.speculation), at batch size 1 "
-            "only. Off by default because the measurements could not show that it never loses more than 3% "
-            "on free prose (docs/speculation.md). A speculative_config (or --speculative-config) the user "
+            "auto",
+            "auto (the default): on a small machine (at most OMNI_FEW_CPUS physical cores), an engine given no "
+            "speculative_config drafts with omni's gated prompt lookup (omni_platform.speculation, "
+            "omni_platform.spec_proposer), and only while one request decodes; chosen by the paired speculation "
+            "benchmark (docs/speculation.md). vLLM then refuses min_p and logit_bias in requests. off: no "
+            "speculation unless the user configures it. A speculative_config (or --speculative-config) the user "
             "passes always wins.",
+        ),
+        Setting(
+            "OMNI_COMPILE_AHEAD",
+            _bool,
+            True,
+            "1: the first `omni-vllm serve` of a configuration serves eager at once while a background process "
+            "(nice 19) compiles the same configuration and saves vLLM's artifact, which later starts load "
+            "(omni_platform.compile_ahead); 0: vLLM compiles before the first token. Not applied when the user "
+            "chose the mode (--enforce-eager, -O, --compilation-config) or VLLM_DISABLE_COMPILE_CACHE is set.",
         ),
         Setting(
             "OMNI_SPEC_MIN_MATCH",

@@ -1,20 +1,17 @@
-"""Speculative decoding on small machines, opted into with ``OMNI_SPECULATION=auto``: the decision alone, no
+"""Speculative decoding on small machines, on by default (``OMNI_SPECULATION=auto``): the decision alone, no
 vLLM import.
 
 On a CPU of a few cores, batch-1 decode of 4-bit weights is bound by the bytes of weights read per
 token, and a verify step of 1 + k rows reads them once: omni's W4A8 kernel costs about the same for a
-handful of rows as for one (docs/cpu_int4.md). Prompt lookup (vLLM's ``ngram`` method) drafts from
-the request's own tokens, needs no second model and no memory, and on the speculation benchmark
-(``harness/specs/speculation.json``, docs/speculation.md) gained on code edits and on answers that
-quote their context; on free prose its cost could not be separated from the host's bandwidth drift
-(``speculation_default-20261205T094932Z``, ``speculation_prose_ab-20261205T101422Z``: medians 9.6-20% below
-the plain engine, inside the spread), so it is not on unless asked for. With ``OMNI_SPECULATION=auto``,
-:func:`default_speculative_config` gives that setting where the user chose none.
-
-It speculates only while one request runs (vLLM's dynamic schedule
-``num_speculative_tokens_per_batch_size``, ``vllm/v1/spec_decode/dynamic/utils.py``, vLLM 0.28:
-k drafts at batch size 1, none from 2 on): with several streams each step already verifies one token
-of each, the weights are read once for all of them, and the verify rows would only add compute.
+handful of rows as for one (docs/cpu_int4.md). Prompt lookup drafts from the request's own tokens, needs
+no second model and no memory. vLLM's own ``ngram`` method lost on some workloads in earlier runs; omni's
+gated prompt lookup (:mod:`omni_platform.spec_proposer`) drafts only after a match of several tokens, sizes
+each request's drafts by what its earlier drafts earned, stops drafting for a request whose drafts keep
+failing, and drafts nothing while several requests decode (with several streams each step already reads
+the weights once for all of them). The paired speculation benchmark
+(``harness/specs/paired_speculation.json``, docs/speculation.md) decided it: no workload's 95% interval of
+its ratio to the plain engine below 0.97. :func:`default_speculative_config` gives it where the user chose
+none.
 """
 
 from __future__ import annotations
@@ -28,7 +25,7 @@ CHOSEN: dict = {"method": "custom_class", "model": PROPOSER, "num_speculative_to
 """The setting the paired speculation benchmark judged (docs/speculation.md names the artifact): gated prompt
 lookup, up to 8 draft tokens, drafting only while one request decodes (the proposer's own rule)."""
 
-CHOSEN_FROM = "harness/results/speculation-*.json: see docs/speculation.md"
+CHOSEN_FROM = "harness/results/paired_speculation-*.json: see docs/speculation.md"
 """Where the choice was measured, for the log line."""
 
 
@@ -45,7 +42,7 @@ def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool,
         runner_type: the model config's ``runner_type`` (only ``generate`` decodes).
     """
     if mode == "off":
-        return "OMNI_SPECULATION=off (the default; OMNI_SPECULATION=auto opts in)"
+        return "OMNI_SPECULATION=off"
     if user_config:
         return "the engine arguments name a speculative config"
     if logits_processors:

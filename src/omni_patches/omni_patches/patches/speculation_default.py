@@ -1,4 +1,4 @@
-"""``_patch_cpu_speculation_default``: prompt-lookup speculation on small machines with ``OMNI_SPECULATION=auto``.
+"""``_patch_cpu_speculation_default``: omni's gated prompt-lookup speculation on small machines by default.
 
 vLLM 0.28 builds the speculative config in ``EngineArgs.create_speculative_config``
 (``vllm/engine/arg_utils.py``), for ``vllm.LLM`` and ``vllm serve`` alike, from the engine arguments
@@ -7,7 +7,7 @@ runs before the model is known, and cannot tell a pooling model or custom logits
 vLLM refuses under speculation), so this patch does: where the user named no speculative config,
 OmniPlatform is the platform and :func:`omni_platform.speculation.why_not` finds no reason against it,
 the engine gets :func:`omni_platform.speculation.default_speculative_config` and one log line saying
-what was chosen and how to override it (``OMNI_SPECULATION=off``, the default, or any ``speculative_config``).
+what was chosen and how to override it (``OMNI_SPECULATION=off``, or any ``speculative_config``).
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ def _make(original):
             if reason is None:
                 self.speculative_config = default_speculative_config(self.max_num_seqs)
                 logger.info(
-                    "omni-patches: speculative decoding (OMNI_SPECULATION=auto): %s (small machine, <= "
-                    "OMNI_FEW_CPUS=%d cores; chosen by %s); OMNI_SPECULATION=off or a speculative_config of your "
-                    "own overrides it",
+                    "omni-patches: speculative decoding (OMNI_SPECULATION=auto, the default): %s (small machine, "
+                    "<= OMNI_FEW_CPUS=%d cores; chosen by %s); vLLM refuses min_p and logit_bias while it is on; "
+                    "OMNI_SPECULATION=off or a speculative_config of your own overrides it",
                     self.speculative_config, envs.OMNI_FEW_CPUS, CHOSEN_FROM)
             elif not user:
                 logger.info("omni-patches: no speculative decoding by default: %s", reason)
