@@ -167,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     from omni_platform.vllm_cli import vllm_distribution_version
 
     importlib.metadata.version = vllm_distribution_version
+    # the server's own argv: OmniPlatform decides the engine core's start method (fork for a command-line
+    # server) from it, and vLLM hashes VLLM_WORKER_MULTIPROC_METHOD into the artifact's key
+    sys.argv = [str(Path(sys.executable).with_name("omni-vllm")), *serve_argv]
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.usage.usage_lib import UsageContext
