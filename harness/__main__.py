@@ -39,7 +39,7 @@ COMMANDS = {
     "run-load": "harness.load.sweep",
     "run-load-openvino": "harness.load.openvino_cb",
     "run-soak": "harness.load.soak",
-    "run-kv-residency": "harness.memory.kv_residency",
+    "run-kv-residency": "harness.load.kv_residency",
     "plot-load": "harness.load.plot",
 }
 

@@ -60,6 +60,7 @@ HARNESS_ALLOWED = {
     "workloads": {"root", "workloads"},                 # speculation workloads: prompts from installed sources
     "load": {"root", "models", "memory", "arms", "workloads", "load"},  # servers under load: client, sweep, soak
     "grid": {"root", "grid"},                           # passes, judge, metrics, guard: arms run as commands
+    "paired": {"root", "models", "grid", "load", "workloads", "paired"},  # servers taking turns, paired ratios
     "artifacts": {"root", "grid", "artifacts"},         # results, plots, docs tables: re-judged from the grid
     "demo": {"root", "models", "arms"},
     "startup": {"root", "models", "arms", "startup"},  # start-up profiles: the server arm's client, the recipe

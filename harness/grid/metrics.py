@@ -119,7 +119,7 @@ _ALL = [
     Metric("kv_cache_mb", Direction.LOWER, "MiB", 1.0, True,
            "KV cache tensors allocated in the first worker (bytes / 2**20)", _LEDGER),
     *[Metric(f"kv_rss_{kind}_{when}_mb", Direction.LOWER, "MiB", 2.0, True,
-             f"tree {_KV_KIND[kind]} of an omni server {_KV_WHEN[when]} (harness/memory/kv_residency.py)", _LEDGER)
+             f"tree {_KV_KIND[kind]} of an omni server {_KV_WHEN[when]} (harness/load/kv_residency.py)", _LEDGER)
       for kind, when in (("anon", "first"), ("anon", "long"), ("anon", "after"), ("total", "first"),
                          ("total", "long"))],
     Metric("start_cold_s", Direction.LOWER, "s", 10.0, False,
