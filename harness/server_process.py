@@ -7,6 +7,7 @@ Shared by the demo (``harness/demo.py``) and the server arms of the benchmark
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-__all__ = ["free_port", "log_tail", "stop_group", "wait_healthy"]
+__all__ = ["free_port", "log_tail", "post_json", "stop_group", "wait_healthy"]
 
 
 def free_port() -> int:
@@ -24,6 +25,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def post_json(url: str, body: dict, timeout_s: float = 1800.0) -> dict:
+    """POST ``body`` as JSON to ``url`` and return the decoded JSON answer.
+
+    Raises:
+        urllib.error.URLError / urllib.error.HTTPError: no answer, or a status other than 2xx.
+        TimeoutError: no answer within ``timeout_s`` seconds.
+    """
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

