@@ -30,16 +30,14 @@ __all__ = ["long_prompt", "main"]
 
 
 def long_prompt(tokenizer, tokens: int) -> str:
-    """A text of at least ``tokens`` tokens for ``tokenizer``: numbered lines of an inventory (no repeats a
-    prefix cache could reuse across lines)."""
-    lines, text = [], ""
-    step = max(tokens // 8, 16)
-    i = 0
-    while len(tokenizer(text)["input_ids"]) < tokens:
-        lines.extend(f"Item {j}: shelf {j % 97}, row {j % 13}, count {(j * 7919) % 1000}." for j in range(i, i + step))
-        i += step
-        text = "\n".join(lines)
-    return text + "\nHow many items are listed above?"
+    """A text of at least ``tokens`` tokens for ``tokenizer`` (at most 25 lines more): numbered lines of an
+    inventory (no repeats a prefix cache could reuse across lines), then a question."""
+    lines: list[str] = []
+    while True:
+        j = len(lines)
+        lines.append(f"Item {j}: shelf {j % 97}, row {j % 13}, count {(j * 7919) % 1000}.")
+        if j % 25 == 0 and len(tokenizer("\n".join(lines))["input_ids"]) >= tokens:
+            return "\n".join(lines) + "\nHow many items are listed above?"
 
 
 def main(argv: list[str] | None = None) -> int:
