@@ -19,7 +19,8 @@ which in prose is often and wrong. This proposer drafts:
   (up to the config's ``num_speculative_tokens``) after a draft fully accepted, falls to accepted + 1
   after a partial one;
 - nothing for a request whose drafts keep failing: after ``m`` drafts in a row with nothing accepted, it
-  waits ``2**m`` steps (at most :data:`MAX_COOLDOWN`) and then asks for ``m`` more tokens of match.
+  waits ``2**m`` steps (at most :data:`MAX_COOLDOWN`), then asks for ``m`` more tokens of match (at most
+  :data:`MAX_MATCH` in all) and drafts half as many tokens as before.
 
 The tokens a request generates do not depend on the drafts: the target model verifies every draft
 (vLLM's rejection sampler), so greedy output is the same with or without this proposer.
