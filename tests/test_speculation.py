@@ -61,8 +61,11 @@ def _runs(smollm2, smollm2_draft, tiny, eager):
     specs = {"ngram": NGRAM, "suffix": SUFFIX, "gated": GATED,
              "draft_model": {"method": "draft_model", "model": str(smollm2_draft), "num_speculative_tokens": 3}}
     tiny_specs = {**specs, "draft_model": {"method": "draft_model", "model": str(tiny), "num_speculative_tokens": 3}}
-    return {"runs": [text(), *(text(speculative_config=specs[m]) for m in text_methods(eager)),
-                     tok(), *(tok(speculative_config=tiny_specs[m]) for m in METHODS)]}
+    def alone(cfg, method):  # the gated proposer drafts only while one request decodes: its prompts also alone
+        return {**cfg, "also_alone": True} if method == "gated" else cfg
+
+    return {"runs": [text(), *(alone(text(speculative_config=specs[m]), m) for m in text_methods(eager)),
+                     tok(), *(alone(tok(speculative_config=tiny_specs[m]), m) for m in METHODS)]}
 
 
 def text_methods(eager: bool) -> tuple[str, ...]:
@@ -84,6 +87,8 @@ def _check(result, eager):
             assert spec["speculative"]["method"] == VLLM_METHOD.get(method, method), where
             assert spec["spec_counters"]["drafts"] > 0, f"{where}: never speculated"
             assert spec["token_ids"] == plain["token_ids"], f"{where}: speculation changed greedy tokens"
+            if spec["alone_token_ids"] is not None:
+                assert spec["alone_token_ids"] == plain["token_ids"], f"{where}: alone, speculation changed tokens"
     if "draft_model" in smollm2:  # SmolLM2's draft model is its bf16 form: the int4 target rejects some drafts
         draft = runs[smollm2.index("draft_model") + 1]["spec_counters"]
         assert 0 < draft["accepted_tokens"] < draft["draft_tokens"]
