@@ -27,6 +27,7 @@ def test_a_small_machine_with_nothing_chosen_speculates():
     ({"logits_processors": True}, "custom logits processors"),
     ({"runner_type": "pooling"}, "runs as 'pooling'"),
     ({"physical_cores": 16}, "16 physical cores > OMNI_FEW_CPUS=4"),
+    ({"parallel": 2}, "split over 2 workers"),
 ])
 def test_each_reason_against_the_default_is_named(change, reason):
     assert reason in speculation.why_not(**{**SMALL, **change})

@@ -30,7 +30,7 @@ CHOSEN_FROM = "harness/results/paired_speculation-*.json: see docs/speculation.m
 
 
 def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool, logits_processors: bool,
-            runner_type: str) -> str | None:
+            runner_type: str, parallel: int = 1) -> str | None:
     """Why an engine gets no default speculation, or None when it gets :data:`CHOSEN`.
 
     Args:
@@ -40,6 +40,8 @@ def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool,
         user_config: the user passed a speculative config (or ``--spec-method``/``--spec-model``/``--spec-tokens``).
         logits_processors: the user passed custom logits processors (vLLM rejects them under speculation).
         runner_type: the model config's ``runner_type`` (only ``generate`` decodes).
+        parallel: ``tensor_parallel_size * pipeline_parallel_size``: the default is for one worker (omni's
+            small-machine layout); a split model is left as the user configured it.
     """
     if mode == "off":
         return "OMNI_SPECULATION=off"
@@ -49,6 +51,8 @@ def why_not(*, physical_cores: int, few_cpus: int, mode: str, user_config: bool,
         return "custom logits processors are set (vLLM 0.28 refuses them with speculative decoding)"
     if runner_type != "generate":
         return f"the model runs as {runner_type!r}, not 'generate'"
+    if parallel > 1:
+        return f"the model is split over {parallel} workers (tensor or pipeline parallel)"
     if physical_cores > few_cpus:
         return f"{physical_cores} physical cores > OMNI_FEW_CPUS={few_cpus}"
     return None

@@ -38,7 +38,9 @@ def _make(original):
             reason = why_not(physical_cores=_allowed_physical_cores(), few_cpus=envs.OMNI_FEW_CPUS,
                              mode=envs.OMNI_SPECULATION, user_config=user,
                              logits_processors=bool(self.logits_processors),
-                             runner_type=getattr(target_model_config, "runner_type", "generate"))
+                             runner_type=getattr(target_model_config, "runner_type", "generate"),
+                             parallel=int(getattr(target_parallel_config, "tensor_parallel_size", 1) or 1)
+                             * int(getattr(target_parallel_config, "pipeline_parallel_size", 1) or 1))
             if reason is None:
                 self.speculative_config = default_speculative_config(self.max_num_seqs)
                 logger.info(
