@@ -13,7 +13,7 @@ import time
 import pytest
 
 from harness import REPO
-from harness.paired.run import analyse, block_order, decode_tps
+from harness.paired.run import load_spec, analyse, block_order, decode_tps
 from harness.paired.stats import bootstrap_median_interval, judge_ratios
 
 
@@ -62,7 +62,27 @@ def test_a_block_without_a_rate_is_dropped_and_named():
     assert out["dropped"] == ["round 0 p: no tg_tps from b"]
     (v,) = out["verdicts"]
     assert v["ratios"] == [0.9, 0.9, 0.9]
-    assert out["same_text"]["b"] == {"equal": False, "blocks": 4, "differ": ["round 0 p"]}
+    assert out["same_text"]["b"] == {"equal": False, "blocks": 4, "differ": ["round 0 p"], "reference": "a"}
+
+
+def test_comparisons_judge_peer_pairs_against_their_own_floor_and_references_choose_the_text():
+    rates = {"off": 10.0, "spec": 30.0, "peer": 9.0, "peer-spec": 18.0}
+    blocks = [{"round": r, "workload": "edit", "prompt": "p", "arms": {
+        t: {"tg_tps": v * (1 + 0.01 * r), "text": "omni" if t in ("off", "spec") else f"llama{r == 1}"}
+        for t, v in rates.items()}} for r in range(4)]
+    out = analyse(blocks, list(rates), "off", band_pct=3.0, floor=0.97, rounds=4,
+                  comparisons=[{"arm": "spec", "baseline": "peer", "floor": 3.0},
+                               {"arm": "spec", "baseline": "peer-spec", "floor": 1.5}],
+                  references={"peer": None, "peer-spec": "peer"})
+    by = {(v["arm"], v["baseline"]): v for v in out["verdicts"]}
+    assert len(by) == 5
+    assert by[("spec", "peer")]["median"] == pytest.approx(30 / 9)
+    assert by[("spec", "peer")]["floor"] == 3.0 and by[("spec", "peer")]["holds_floor"]
+    assert by[("spec", "peer-spec")]["median"] == pytest.approx(30 / 18) and by[("spec", "peer-spec")]["holds_floor"]
+    assert by[("peer", "off")]["verdict"] == "slower" and not by[("peer", "off")]["holds_floor"]
+    assert "peer" not in out["same_text"]
+    assert out["same_text"]["spec"]["equal"] and out["same_text"]["spec"]["reference"] == "off"
+    assert out["same_text"]["peer-spec"] == {"equal": True, "blocks": 4, "differ": [], "reference": "peer"}
 
 
 def test_paired_runner_recovers_the_true_ratio_while_the_host_drifts(tmp_path):
@@ -110,3 +130,17 @@ def test_a_spec_without_its_baseline_among_the_arms_is_refused(tmp_path):
                            str(tmp_path / "o.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "baseline 'x' is not one of the arms ['a', 'b']" in proc.stderr
+
+
+@pytest.mark.parametrize("spec", sorted((REPO / "harness" / "specs").glob("paired_*.json")), ids=lambda p: p.name)
+def test_every_paired_spec_loads(spec):
+    loaded = load_spec(spec)
+    assert loaded["baseline"] in [a["tag"] for a in loaded["arms"]]
+
+
+def test_a_comparison_naming_no_arm_is_refused(tmp_path):
+    bad = tmp_path / "s.json"
+    bad.write_text(json.dumps({"baseline": "a", "arms": [{"tag": "a", "server": {}}, {"tag": "b", "server": {}}],
+                               "comparisons": [{"arm": "a", "baseline": "c"}]}))
+    with pytest.raises(ValueError, match="comparison"):
+        load_spec(bad)

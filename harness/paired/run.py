@@ -10,7 +10,12 @@ A spec::
      "rounds": 6, "max_tokens": 256, "settle_s": 1.5, "workloads": ["edit", "qa", "prose", "chat"],
      "arms": [{"tag": "omni-off", "server": {"kind": "omni", "model": "qwen2.5-coder-1.5b-int4",
                                               "extra": "--max-model-len 4096", "env": {"OMNI_SPECULATION": "off"}}},
-              {"tag": "omni-default", "server": {...}}]}
+              {"tag": "omni-default", "server": {...}}],
+     "comparisons": [{"arm": "omni-default", "baseline": "llama-plain", "floor": 3.0}]}
+
+An arm may name a ``reference``: the arm whose text it must equal (default the baseline; null: none, for
+engines whose quantizations differ). ``comparisons`` judges further pairs, each with its own floor (a
+target ratio such as "at least 3x llama.cpp").
 
 Every arm's server (``harness.load.servers``: ``omni``, ``llama-server`` or ``command``) is started on the
 same cores (``--cores``: this process is pinned and its children inherit it) and kept loaded for the
@@ -49,7 +54,7 @@ import numpy as np
 from harness import provenance
 from harness.paired.stats import judge_ratios
 
-__all__ = ["decode_tps", "block_order", "analyse", "main"]
+__all__ = ["decode_tps", "block_order", "load_spec", "analyse", "main"]
 
 FORMAT_VERSION = 1
 DEFAULTS = {"metric": "tg_tps", "band_pct": 3.0, "floor": 0.97, "rounds": 6, "max_tokens": 256, "settle_s": 1.5,
@@ -69,13 +74,25 @@ def block_order(tags: list[str], block: int) -> list[str]:
     return list(tags) if block % 2 == 0 else list(reversed(tags))
 
 
-def _load_spec(path: Path) -> dict[str, Any]:
+def load_spec(path: Path) -> dict[str, Any]:
+    """The spec at ``path`` with :data:`DEFAULTS` filled in.
+
+    Raises:
+        OSError: unreadable; ValueError: not JSON, fewer than two arms or repeated tags, a baseline,
+            comparison or reference naming no arm, a metric other than ``tg_tps``; KeyError: an arm without a tag.
+    """
     spec = {**DEFAULTS, **json.loads(path.read_text())}
     tags = [a["tag"] for a in spec.get("arms", [])]
     if len(tags) < 2 or len(set(tags)) != len(tags):
         raise ValueError(f"{path}: a paired spec needs at least two arms with distinct tags, got {tags}")
     if spec.get("baseline") not in tags:
         raise ValueError(f"{path}: baseline {spec.get('baseline')!r} is not one of the arms {tags}")
+    for c in spec.get("comparisons", []):
+        if c.get("arm") not in tags or c.get("baseline") not in tags:
+            raise ValueError(f"{path}: comparison {c} names an arm that is not one of {tags}")
+    for a in spec["arms"]:
+        if a.get("reference", spec["baseline"]) not in (*tags, None):
+            raise ValueError(f"{path}: arm {a['tag']}: reference {a['reference']!r} is not one of {tags}")
     if spec["metric"] != "tg_tps":
         raise ValueError(f"{path}: metric {spec['metric']!r}: the paired runner measures tg_tps only")
     return spec
@@ -113,7 +130,8 @@ def _request(base: str, messages: list[dict], max_tokens: int) -> dict[str, Any]
 
 
 def analyse(blocks: list[dict[str, Any]], tags: list[str], baseline: str, *, band_pct: float, floor: float,
-            rounds: int) -> dict[str, Any]:
+            rounds: int, comparisons: list[dict[str, Any]] | None = None,
+            references: dict[str, str | None] | None = None) -> dict[str, Any]:
     """Verdicts, the drift view and text equality from the measured blocks.
 
     Args:
@@ -121,28 +139,34 @@ def analyse(blocks: list[dict[str, Any]], tags: list[str], baseline: str, *, ban
         tags, baseline: the arms and the one every other is divided by.
         band_pct, floor: as :func:`harness.paired.stats.judge_ratios`.
         rounds: rounds run (the drift view splits them in halves).
+        comparisons: further pairs to judge, ``{"arm", "baseline", "floor"}`` each (an arm against a peer
+            with a target ratio, e.g. ``floor`` 3.0 for "at least 3x"); judged after every arm vs ``baseline``.
+        references: per arm, the arm whose text it must equal (default ``baseline``; None: not compared,
+            e.g. two engines with different quantizations).
 
     Returns:
-        ``{"verdicts": [PairVerdict dicts], "drift": {...}, "same_text": {tag: {"equal", "blocks"}},
-        "dropped": [why a block gave no ratio]}``; a workload with fewer than 2 ratios for an arm gets no
-        verdict and a line in ``dropped``.
+        ``{"verdicts": [PairVerdict dicts], "drift": {...}, "same_text": {tag: {"equal", "blocks",
+        "reference"}}, "dropped": [why a block gave no ratio]}``; a workload with fewer than 2 ratios for a
+        pair gets no verdict and a line in ``dropped``.
     """
     verdicts, dropped = [], []
     workloads = list(dict.fromkeys(b["workload"] for b in blocks))
-    for tag in (t for t in tags if t != baseline):
+    pairs = [(t, baseline, floor) for t in tags if t != baseline]
+    pairs += [(c["arm"], c["baseline"], float(c.get("floor", floor))) for c in comparisons or []]
+    for tag, base, fl in pairs:
         for w in workloads:
             ratios = []
             for b in (b for b in blocks if b["workload"] == w):
-                a, ref = b["arms"][tag]["tg_tps"], b["arms"][baseline]["tg_tps"]
+                a, ref = b["arms"][tag]["tg_tps"], b["arms"][base]["tg_tps"]
                 if a is None or ref is None:
                     dropped.append(f"round {b['round']} {b['prompt']}: no tg_tps from "
-                                   f"{tag if a is None else baseline}")
+                                   f"{tag if a is None else base}")
                     continue
                 ratios.append(a / ref)
             if len(ratios) < 2:
-                dropped.append(f"{tag} on {w}: {len(ratios)} ratio(s), no verdict")
+                dropped.append(f"{tag} vs {base} on {w}: {len(ratios)} ratio(s), no verdict")
                 continue
-            verdicts.append(judge_ratios(tag, baseline, w, ratios, band_pct=band_pct, floor=floor).to_dict())
+            verdicts.append(judge_ratios(tag, base, w, ratios, band_pct=band_pct, floor=fl).to_dict())
     half = max(rounds // 2, 1)
     drift: dict[str, Any] = {"host_sum_gbs": {}, "halves": {}}
     for b in blocks:
@@ -158,15 +182,18 @@ def analyse(blocks: list[dict[str, Any]], tags: list[str], baseline: str, *, ban
                                                       "second": med(lambda r: r >= half)}
     for v in verdicts:
         for name, sel in (("first", lambda r: r < half), ("second", lambda r: r >= half)):
-            rs = [b["arms"][v["arm"]]["tg_tps"] / b["arms"][baseline]["tg_tps"] for b in blocks
+            rs = [b["arms"][v["arm"]]["tg_tps"] / b["arms"][v["baseline"]]["tg_tps"] for b in blocks
                   if b["workload"] == v["workload"] and sel(b["round"]) and b["arms"][v["arm"]]["tg_tps"]
-                  and b["arms"][baseline]["tg_tps"]]
+                  and b["arms"][v["baseline"]]["tg_tps"]]
             v[f"median_{name}_half"] = float(np.median(rs)) if rs else None
     same = {}
-    for tag in (t for t in tags if t != baseline):
+    refs = {t: baseline for t in tags if t != baseline} | dict(references or {})
+    for tag, ref in refs.items():
+        if ref is None or ref == tag:
+            continue
         differ = [f"round {b['round']} {b['prompt']}" for b in blocks
-                  if b["arms"][tag]["text"] != b["arms"][baseline]["text"]]
-        same[tag] = {"equal": not differ, "blocks": len(blocks), "differ": differ}
+                  if b["arms"][tag]["text"] != b["arms"][ref]["text"]]
+        same[tag] = {"equal": not differ, "blocks": len(blocks), "differ": differ, "reference": ref}
     return {"verdicts": verdicts, "drift": drift, "same_text": same, "dropped": dropped}
 
 
@@ -186,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line; see the module docstring."""
     args = _parser().parse_args(argv)
     try:
-        spec = _load_spec(args.spec)
+        spec = load_spec(args.spec)
     except (OSError, ValueError, KeyError) as e:
         print(f"harness paired: error: {e}", file=sys.stderr)
         return 2
@@ -249,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.stop()
     result = analyse(blocks, tags, spec["baseline"], band_pct=float(spec["band_pct"]), floor=float(spec["floor"]),
-                     rounds=rounds)
+                     rounds=rounds, comparisons=spec.get("comparisons"),
+                     references={a["tag"]: a["reference"] for a in spec["arms"] if "reference" in a})
     if any(not s["equal"] for s in result["same_text"].values()):
         labels.append("TEXT DIFFERS FROM THE BASELINE: see same_text")
     if prov:
@@ -270,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
               f"[{v['low']:.3f}, {v['high']:.3f}] ({len(v['ratios'])} pairs): {v['verdict']}; "
               f"floor {v['floor']:.2f} {'held' if v['holds_floor'] else 'NOT held'}")
     for tag, s in result["same_text"].items():
-        print(f"paired: {tag} text equal to {spec['baseline']}'s in every block: {s['equal']}")
+        print(f"paired: {tag} text equal to {s['reference']}'s in every block: {s['equal']}")
     for label in labels:
         print(f"LABEL: {label}")
     print(f"artifact: {args.out}")
