@@ -13,7 +13,7 @@ import time
 import pytest
 
 from harness import REPO
-from harness.paired.run import load_spec, analyse, block_order, decode_tps
+from harness.paired.run import analyse, block_order, decode_tps, load_spec
 from harness.paired.stats import bootstrap_median_interval, judge_ratios
 
 

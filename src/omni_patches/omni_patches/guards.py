@@ -8,12 +8,11 @@ release; any mismatch refuses before anything is patched (C06).
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import inspect
-import textwrap
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+from omni_platform import internals
 
 __all__ = ["SUPPORTED_VLLM", "PatchRefused", "check_vllm_version", "fingerprint", "installed_vllm_version", "resolve"]
 
@@ -73,7 +72,6 @@ def resolve(target: str) -> tuple[Any, str, Any]:
     return owner, parts[-1], value
 
 
-def fingerprint(fn: Any) -> str:
-    """sha256 (hex) of a function's dedented source: the identity of the code we replace."""
-    src = textwrap.dedent(inspect.getsource(inspect.unwrap(fn)))
-    return hashlib.sha256(src.encode()).hexdigest()
+fingerprint = internals.fingerprint
+"""sha256 (hex) of a function's dedented source: the identity of the code we replace (the stable packages'
+own internals check, :func:`omni_platform.internals.fingerprint`, is the same function)."""

@@ -86,6 +86,7 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
 
     from vllm.platforms import current_platform
 
+    from omni_platform import internals
     from omni_platform._plugin import PLATFORM_QUALNAME, platform_decline_reason
     from omni_platform.extensions import (
         OmniNotActiveError,
@@ -127,6 +128,7 @@ def collect(worker: bool = False, model: str | None = None) -> tuple[dict[str, A
         "extension_reports": reports(),
         "process": {"pid": os.getpid(), "affinity": sorted(os.sched_getaffinity(0))},
         "is_cpu": current_platform.is_cpu(),
+        "vllm_internals": {name: internals.changed(name) for name in internals.INTERNALS},
     }
     if worker:
         if extensions_error:
@@ -161,6 +163,9 @@ def _print_text(report: dict[str, Any], problems: list[str]) -> None:
     print(f"extensions installed: {report['extensions_installed']}; active here: {report['extensions_active']}")
     for name, rep in report["extension_reports"].items():
         print(f"  {name}: {json.dumps(rep)}")
+    for name, lines in report["vllm_internals"].items():
+        print(f"vLLM internals of {name}: " + ("unchanged" if not lines else "CHANGED, vLLM's own path runs: "
+                                                + "; ".join(lines)))
     for w in report.get("workers") or []:
         print(
             f"worker pid {w['pid']}: platform {w['platform']}, cpus {w['affinity']}, "

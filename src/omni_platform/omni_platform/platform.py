@@ -362,11 +362,15 @@ class OmniPlatform(CpuPlatform):
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads: int | None = None) -> str:
         """vLLM's CPU choice, except that vLLM's CPU attention becomes the same attention with the KV write
-        inside (:mod:`omni_platform.attention`) unless ``OMNI_CPU_ATTN_ONE_OP=0``."""
+        inside (:mod:`omni_platform.attention`) unless ``OMNI_CPU_ATTN_ONE_OP=0`` or the vLLM code it mirrors
+        changed (:func:`omni_platform.internals.holds`, which logs what changed)."""
         path = super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
         from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-        if envs.OMNI_CPU_ATTN_ONE_OP and path == AttentionBackendEnum.CPU_ATTN.get_path():
+        from omni_platform import internals
+
+        if (envs.OMNI_CPU_ATTN_ONE_OP and path == AttentionBackendEnum.CPU_ATTN.get_path()
+                and internals.holds("attention_one_op")):
             logger.info_once("omni: attention backend OmniCpuAttentionBackend, one op per layer "
                              "(OMNI_CPU_ATTN_ONE_OP=0 gives vLLM's two)")
             return "omni_platform.attention.OmniCpuAttentionBackend"

@@ -60,15 +60,17 @@ def register() -> None:
 
 def wanted(vllm_config: Any) -> bool:
     """Whether an engine of ``vllm_config`` gets fused layers: cpu_int4 weights, ``OMNI_FUSED_LAYERS`` on,
-    one tensor- and pipeline-parallel rank, no LoRA."""
-    from omni_platform import envs
+    one tensor- and pipeline-parallel rank, no LoRA, and the vLLM code the two ops stand for unchanged
+    (``omni_platform.internals``, ``fused_decoder_layers``: otherwise vLLM's layers, and a warning naming
+    what changed)."""
+    from omni_platform import envs, internals
     from omni_quant.config import QUANT_METHOD
 
     quant = getattr(vllm_config, "quant_config", None)
     parallel = vllm_config.parallel_config
-    return (envs.OMNI_FUSED_LAYERS and quant is not None and quant.get_name() == QUANT_METHOD
-            and parallel.tensor_parallel_size == 1 and parallel.pipeline_parallel_size == 1
-            and vllm_config.lora_config is None)
+    return bool(envs.OMNI_FUSED_LAYERS and quant is not None and quant.get_name() == QUANT_METHOD
+                and parallel.tensor_parallel_size == 1 and parallel.pipeline_parallel_size == 1
+                and vllm_config.lora_config is None and internals.holds("fused_decoder_layers"))
 
 
 def _native(linear: torch.nn.Module) -> bool:

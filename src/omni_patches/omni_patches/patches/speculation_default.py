@@ -5,7 +5,9 @@ vLLM 0.28 builds the speculative config in ``EngineArgs.create_speculative_confi
 only. No published hook sees those arguments with the model's config (the platform's parser hook
 runs before the model is known, and cannot tell a pooling model or custom logits processors, which
 vLLM refuses under speculation), so this patch does: where the user named no speculative config,
-OmniPlatform is the platform and :func:`omni_platform.speculation.why_not` finds no reason against it,
+OmniPlatform is the platform, :func:`omni_platform.speculation.why_not` finds no reason against it and
+vLLM's ``custom_class`` hook is the one the proposer was written for (``omni_platform.internals``,
+``gated_proposer``),
 the engine gets :func:`omni_platform.speculation.default_speculative_config` and one log line saying
 what was chosen and how to override it (``OMNI_SPECULATION=off``, or any ``speculative_config``).
 """
@@ -28,7 +30,7 @@ def _make(original):
     def create_speculative_config(self, target_model_config, target_parallel_config):
         from vllm.platforms import current_platform
 
-        from omni_platform import envs
+        from omni_platform import envs, internals
         from omni_platform.platform import OmniPlatform, _allowed_physical_cores
         from omni_platform.speculation import CHOSEN_FROM, default_speculative_config, why_not
 
@@ -41,6 +43,8 @@ def _make(original):
                              runner_type=getattr(target_model_config, "runner_type", "generate"),
                              parallel=int(getattr(target_parallel_config, "tensor_parallel_size", 1) or 1)
                              * int(getattr(target_parallel_config, "pipeline_parallel_size", 1) or 1))
+            if reason is None and not internals.holds("gated_proposer"):
+                reason = "vLLM's custom_class proposer hook changed (omni_platform.internals logged what)"
             if reason is None:
                 self.speculative_config = default_speculative_config(self.max_num_seqs)
                 logger.info(
