@@ -20,8 +20,10 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 PYTEST_WORKERS = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 PIN_ENV = $(if $(filter 0,$(TEST_WORKERS)),,OMNI_TEST_PIN=1)
-# Run pytest phase $(1) (a marker expression) with extra options $(2); "no test collected" (5) is a pass.
-PYTEST_PHASE = { $(3) $(PY) -m pytest -m "$(1)" $(2) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 5 ] || ok=1; }
+# Run pytest phase $(1) (a marker expression) with extra options $(2). "No test collected" (pytest's exit 5)
+# is a pass outside CI (PYTEST_ARGS='-k x' may empty a phase) and a failure under CI, where no phase is empty.
+PYTEST_PHASE = { $(3) $(PY) -m pytest -m "$(1)" $(2) $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 0 ] || \
+    { [ $$rc -eq 5 ] && [ -z "$(CI_ON)" ]; } || { echo "pytest phase '$(1)' exited $$rc"; ok=1; }; }
 
 # CI (the variable CI set, non-empty, not 0/false; `bash .ci/run` sets it): the W4A8 kernel must build
 # (setup.py's OMNI_QUANT_REQUIRE_KERNEL, and the check below), and the suite fails on any skip that

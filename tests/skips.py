@@ -7,7 +7,8 @@ them through :meth:`Condition.mark` or :meth:`Condition.skip_if_holds`, never wi
 
 Under CI (the variable ``CI`` set, non-empty, not ``0``/``false``; ``bash .ci/run`` sets it) the
 hooks below (registered by ``tests/conftest.py``) turn every other skip into a failure that names
-the test and the reason, and so a declared skip whose condition does not hold on the machine.
+the test and the reason, and so a declared skip whose condition does not hold on the machine; an
+expected failure (xfail) is held to the same rule.
 Outside CI every skip stays a skip. Not declared, on purpose (a failure under CI, a skip elsewhere):
 
 - :data:`needs_kernel`: omni's W4A8 kernel not built. CI requires it (``make setup`` fails first,
@@ -120,6 +121,19 @@ NO_AVX512_BF16 = declare(
     # vLLM loads its full _C library only where torch sees AVX-512 and AVX-512 BF16
     lambda: not (_torch_cpu("_is_avx512_supported") and _torch_cpu("_is_avx512_bf16_supported")))
 
+def _no_super_block_kernel() -> bool:
+    from omni_quant import native
+    from omni_quant.config import PER_GROUP_ISAS
+
+    return not native.available() or native.best_isa() in PER_GROUP_ISAS
+
+
+NO_SUPER_BLOCK_KERNEL = declare(
+    "cpu-no-super-block-kernel", "this CPU runs super-block layers on a per-group kernel (AVX-VNNI) or none: "
+    "omni_quant.fused_layers never fuses here",
+    # omni_quant.config: a super-block layer is rewritten per group at load on PER_GROUP_ISAS CPUs
+    _no_super_block_kernel)
+
 # ---- CPU count ----------------------------------------------------------------------------------
 
 FEWER_THAN_TWO_CPUS = declare(
@@ -181,15 +195,20 @@ def _skip_reason(longrepr) -> str:
 
 
 def _forbidden(report, what: str) -> None:
-    """Under CI, turn ``report`` (a skip) into a failure when its reason is not allowed."""
-    if not (report.skipped and not hasattr(report, "wasxfail") and ci_enabled()):
+    """Under CI, turn ``report`` (a skip, or an expected failure) into a failure when its reason is not allowed:
+    an xfail, like a skip, must give the exact reason of a declared condition that holds
+    (``pytest.mark.xfail(COND.holds(), reason=COND.reason)``)."""
+    if not (report.skipped and ci_enabled()):
         return
-    reason = _skip_reason(report.longrepr)
+    xfail = hasattr(report, "wasxfail")
+    reason = report.wasxfail.removeprefix("reason: ") if xfail else _skip_reason(report.longrepr)
     problem = skip_problem(reason)
     if problem:
         report.outcome = "failed"
-        report.longrepr = (f"CI forbids this skip: {what} skipped ({reason}): {problem}. Under CI only the "
-                           "machine conditions of tests/skips.py may skip a test.")
+        kind = "expected failure (xfail)" if xfail else "skip"
+        report.longrepr = (f"CI forbids this {kind}: {what} {'xfailed' if xfail else 'skipped'} ({reason}): "
+                           f"{problem}. Under CI only the machine conditions of tests/skips.py may skip a test "
+                           "or excuse its failure.")
 
 
 @pytest.hookimpl(wrapper=True)

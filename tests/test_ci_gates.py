@@ -1,5 +1,5 @@
 """The CI gates: omni-quant's setup.py requires the W4A8 kernel when told to (CI), and under CI a skip
-that tests/skips.py does not declare fails the suite."""
+that tests/skips.py does not declare, an undeclared xfail, and a test phase that collects nothing fail the suite."""
 
 from __future__ import annotations
 
@@ -148,7 +148,12 @@ def test_undeclared_in_a_fixture(skipping_fixture):
 
 
 @pytest.mark.xfail(reason="known bug", strict=True)
-def test_xfail_is_not_a_skip():
+def test_undeclared_xfail():
+    assert False
+
+
+@pytest.mark.xfail(HOLDS.holds(), reason=HOLDS.reason, strict=True)
+def test_declared_xfail():
     assert False
 
 
@@ -194,9 +199,12 @@ def test_under_ci_an_undeclared_skip_fails_naming_the_test_and_the_reason(tmp_pa
         assert f"CI forbids this skip: test_inner.py::{name} skipped ({reason})" in out, out
     assert "test-only-absent does not hold on this machine" in out
     assert "CI forbids this skip: collecting test_inner_collect.py skipped (could not import " in out
+    assert ("CI forbids this expected failure (xfail): test_inner.py::test_undeclared_xfail xfailed (known bug): "
+            "not one of the machine conditions declared in tests/skips.py") in out, out
     assert _outcomes(out) == {
         "test_inner.py::test_passes": "PASSED",
-        "test_inner.py::test_xfail_is_not_a_skip": "XFAIL",
+        "test_inner.py::test_declared_xfail": "XFAIL",
+        "test_inner.py::test_undeclared_xfail": "FAILED",
         "test_inner.py::test_undeclared_call": "FAILED",
         "test_inner.py::test_declared_name_but_does_not_hold": "FAILED",
         "test_inner.py::test_declared_name_other_words": "FAILED",
@@ -204,7 +212,7 @@ def test_under_ci_an_undeclared_skip_fails_naming_the_test_and_the_reason(tmp_pa
         "test_inner.py::test_undeclared_in_a_fixture": "ERROR",
         "test_inner_collect.py": "ERROR",
     }, out
-    assert "3 failed, 1 passed, 2 skipped, 1 xfailed, 3 errors" in out, out  # the declared two stay skips
+    assert "4 failed, 1 passed, 2 skipped, 1 xfailed, 3 errors" in out, out  # the declared two stay skips
 
 
 @pytest.mark.parametrize("ci", [None, "0", "false"])
@@ -212,7 +220,7 @@ def test_outside_ci_every_skip_stays_a_skip(tmp_path, ci):
     proc = _inner_pytest(tmp_path, ci)
     assert proc.returncode == 0, proc.stdout
     assert "CI forbids" not in proc.stdout
-    assert "1 passed, 8 skipped, 1 xfailed" in proc.stdout, proc.stdout
+    assert "1 passed, 8 skipped, 2 xfailed" in proc.stdout, proc.stdout
 
 
 def test_every_declared_condition_is_named_and_decidable():
@@ -225,3 +233,18 @@ def test_every_declared_condition_is_named_and_decidable():
         assert skips.skip_problem(cond.reason) == (None if cond.holds() else
                                                    f"the declared condition {name} does not hold on this machine")
     assert skips.skip_problem("omni W4A8 kernel not built: x") is not None
+
+
+@pytest.mark.parametrize(("ci", "exit_code", "fails"), [("1", 5, True), ("", 5, False), ("1", 0, False),
+                                                         ("", 1, True)])
+def test_a_phase_that_collects_nothing_fails_only_under_ci(tmp_path, ci, exit_code, fails):
+    """The Makefile's PYTEST_PHASE with a stand-in interpreter exiting ``exit_code`` (5: pytest collected nothing)."""
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    fake.chmod(0o755)
+    probe = tmp_path / "probe.mk"
+    probe.write_text("probe-phase:\n\t@ok=0; $(call PYTEST_PHASE,not engine,); exit $$ok\n")
+    proc = subprocess.run(["make", "-s", "-f", str(REPO / "Makefile"), "-f", str(probe), "probe-phase",
+                           f"PY={fake}", f"CI={ci}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode != 0) is fails, proc.stdout + proc.stderr
+    assert ("pytest phase 'not engine' exited" in proc.stdout) is fails
