@@ -135,9 +135,9 @@ def test_c13_sigkill_of_a_vllm_llm_script_leaves_no_process(int4_model_dir, tmp_
         if __name__ == "__main__":
             llm = LLM(model={str(int4_model_dir)!r}, enforce_eager=True, max_model_len=512,
                       kv_cache_memory_bytes=64 << 20)
-            open({str(ready)!r}, "w").write("1")
             while True:
                 llm.generate(["Once upon a time"], SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
+                open({str(ready)!r}, "w").write("1")  # one generation done: the next one is running
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env=clean_env(VLLM_PLUGINS="omni",
                             VLLM_ENABLE_V1_MULTIPROCESSING="1"), stdout=subprocess.DEVNULL,
@@ -149,7 +149,6 @@ def test_c13_sigkill_of_a_vllm_llm_script_leaves_no_process(int4_model_dir, tmp_
             assert proc.poll() is None, (tmp_path / "llm.log").read_text()[-3000:]
             assert time.monotonic() < deadline
             time.sleep(0.5)
-        time.sleep(2)  # generating
         tree = _tree(proc.pid)
         assert len(tree) >= 3, f"script, engine core and worker expected, got {tree}"
         os.kill(proc.pid, signal.SIGKILL)

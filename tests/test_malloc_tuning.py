@@ -48,13 +48,19 @@ def test_zero_and_the_users_own_tuning_leave_glibc_alone():
 
 _TRIM_CODE = """
 import ctypes, json, os, threading, time
+from omni_platform import malloc_tuning
 from omni_platform.procfs import status_bytes
 from omni_platform.malloc_tuning import start_trimmer
 started = start_trimmer() if os.environ.get("TRIM") == "1" else False
 # fragment the heap: 100 KiB chunks (below the mmap threshold), every other one kept, the rest freed
 chunks = [ctypes.create_string_buffer(100 << 10) for _ in range(400)]
 keep = chunks[::2]; del chunks
-time.sleep(2.5)  # OMNI_MALLOC_TRIM_S=1: at least one trim
+# a trim that began after the frees has finished (OMNI_MALLOC_TRIM_S=1); without the trimmer, the same wait
+target, deadline = malloc_tuning.trims_done + 2, time.monotonic() + 30
+while (malloc_tuning.trims_done < target if started else time.monotonic() < deadline - 28) \
+        and time.monotonic() < deadline:
+    time.sleep(0.05)
+assert not started or malloc_tuning.trims_done >= target, "the trimmer ran no trim in 30 s"
 pid = os.fork()
 if pid == 0:
     names = [t.name for t in threading.enumerate()]
