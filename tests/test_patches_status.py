@@ -59,3 +59,49 @@ def test_an_invalid_switch_value_is_a_usage_error_with_json():
     assert rc == 2 and report["patches"] is None
     assert "OMNI_PATCH_KV_CACHE_OFF='maybe' is invalid" in report["error"]
     assert "omni-patches: error:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _table_rows(text: str, header: str) -> dict[str, list[str]]:
+    """docs/stability.md's table under the line starting with ``header``: patch name -> its cells."""
+    rows, inside = {}, False
+    for line in text.splitlines():
+        if line.startswith(header):
+            inside = True
+            continue
+        if inside and line.startswith("| `_patch"):
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            rows[cells[0].strip("`")] = cells[1:]
+        elif inside and rows and not line.startswith("|"):
+            break
+    return rows
+
+
+def test_docs_stability_tables_name_every_patch_its_switch_and_tests_that_exist_and_set_it():
+    """Both tables of docs/stability.md have one row per patch; the patch table names the switch; every test the
+    test table names exists, and the file of one of the bug tests sets the patch's switch."""
+    import ast
+    import re
+
+    from conftest import REPO
+    from omni_patches.patches import all_patches
+
+    text = (REPO / "docs" / "stability.md").read_text()
+    patches = {p.name: p for p in all_patches()}
+    declared = _table_rows(text, "| patch | target(s) | upstream bug | switch |")
+    tested = _table_rows(text, "| patch | the bug, with the switch set | its absence, with the patch on |")
+    assert set(declared) == set(patches) == set(tested)
+    functions: dict[str, set[str]] = {}
+    for name, patch in patches.items():
+        assert patch.disable_env in declared[name][-1], (name, declared[name][-1])
+        bug, fix = tested[name]
+        for cell in (bug, fix):
+            files = re.findall(r"tests/(test_\w+\.py)(?:::(\w+))?", cell)
+            assert files or cell.startswith(("the same test", "the first test")), f"{name}: no test in {cell!r}"
+            for file, test in files:
+                if file not in functions:
+                    tree = ast.parse((REPO / "tests" / file).read_text())
+                    functions[file] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+                assert not test or test in functions[file], f"{name}: tests/{file}::{test} does not exist"
+        bug_files = {f for f, _ in re.findall(r"tests/(test_\w+\.py)(?:::(\w+))?", bug)}
+        assert any(patch.disable_env in (REPO / "tests" / f).read_text() for f in bug_files), \
+            f"{name}: no test file of its bug column sets {patch.disable_env}: {sorted(bug_files)}"
