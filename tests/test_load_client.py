@@ -140,6 +140,8 @@ def test_llama_server_command_line_from_the_spec() -> None:
     assert cmd[-4:] == ["-fa", "on", "--cache-ram", "0"]
     omni = server_command(ServerSpec("omni", "/ckpt", extra="--max-model-len 2048"), port=9000, slots=8)
     assert omni[1:3] == ["serve", "/ckpt"] and "-np" not in omni and omni[-2:] == ["--max-model-len", "2048"]
+    own = server_command(ServerSpec("llama-server", "/m/q.gguf", ctx_per_slot=None, binary="/b"), port=1, slots=8)
+    assert "-c" not in own and "-np" not in own  # llama-server's own defaults: the GGUF's context, its slots
     with pytest.raises(ValueError, match="not one of"):
         ServerSpec("tgi", "/m")
 

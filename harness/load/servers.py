@@ -36,7 +36,8 @@ measured (a first start compiles before serving, as vLLM does)."""
 class ServerSpec:
     """What to start. ``kind``: ``omni``, ``llama-server`` or ``command``; ``model``: a checkpoint directory (omni) or a
     ``.gguf`` file (llama-server); ``extra``: further arguments as one shell-quoted string;
-    ``ctx_per_slot``: llama-server's context per slot, tokens; ``binary``: llama-server to run.
+    ``ctx_per_slot``: llama-server's context per slot, tokens (None: neither ``-c`` nor ``-np``, llama-server's
+    own defaults: the model's context, slots chosen by it); ``binary``: llama-server to run.
 
     Raises:
         ValueError: an unknown ``kind``.
@@ -45,7 +46,7 @@ class ServerSpec:
     kind: str
     model: str
     extra: str = ""
-    ctx_per_slot: int = 4096
+    ctx_per_slot: int | None = 4096
     binary: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
@@ -78,8 +79,9 @@ def server_command(spec: ServerSpec, port: int, slots: int = 1, threads: int | N
                                     "or pass its path")
         binary = str(found)
     t = threads or len(os.sched_getaffinity(0))
+    sizing = [] if spec.ctx_per_slot is None else ["-np", str(slots), "-c", str(slots * spec.ctx_per_slot)]
     return [binary, "-m", spec.model, "--host", "127.0.0.1", "--port", str(port), "-t", str(t), "-tb", str(t),
-            "-np", str(slots), "-c", str(slots * spec.ctx_per_slot), "--no-webui", *extra]
+            *sizing, "--no-webui", *extra]
 
 
 @dataclass
