@@ -1,5 +1,6 @@
 """The start-up profile (issue 32): phases from time-stamped log lines, and one real start per layout whose
-phases sum to the launch-to-first-token the client measured."""
+phases, which end at a line the started process logs, sum to within 10% of the launch-to-first-token the
+client measured on its own clock (and stay below it)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def test_a_warm_start_is_profiled_by_phase_on_the_real_model(layout, tmp_path):
     assert art["kind"] == "startup_profile" and art["layout"] == layout.split("-")[0] and art["start"] == "warm"
     assert art["preparing_start_s"] is not None  # the empty cache root was filled first
     assert abs(art["total_s"] - art["measured_s"]) <= 0.1 * art["measured_s"]
+    # the profile ends at a line the started process logged; the client's clock saw the first token after it
+    assert art["phases"][-1]["at_s"] + art["phases"][-1]["seconds"] == pytest.approx(art["total_s"])
+    assert 0 < art["measured_s"] - art["total_s"], (art["total_s"], art["measured_s"])
+    end = [m for m in art["markers"] if m["label"] == END]
+    assert end and ("Received request" if layout != "llm" else "startup: first token") in end[0]["line"]
     labels = [p["label"] for p in art["phases"]]
     assert labels[0] == LAUNCH and any(lb.startswith("create_weights") for lb in labels)
     assert {p["process"] for p in art["phases"]} == ({"front end", "engine core"} if layout != "llm"

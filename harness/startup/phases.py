@@ -4,11 +4,11 @@ Every vLLM (and omni) log line carries the process id and a wall-clock timestamp
 ``VLLM_LOGGING_PREFIX`` is :data:`LOG_PREFIX` (vLLM puts the prefix in front of its log format,
 ``vllm/logger.py`` 0.28, so ``%(created)`` and ``%(process)`` are expanded by ``logging``). A *marker*
 is the first line of a process that matches one of :data:`MARKERS`, plus the process's launch
-(``psutil`` create time) and the client's own points (first token). Sorted by time across the
+(``psutil`` create time) and, for the server, the client's /health answer. Sorted by time across the
 processes, consecutive markers bound the *phases*: each phase is named by the marker that begins it,
-so the phases cover launch to first token with no remainder by construction, and
-:func:`check_total` compares their sum with the launch-to-first-token the client measured on its own
-clock (the test of issue 32: within 10%).
+so the phases cover the launch to the first request (:data:`END`, a line the started process logs) with
+no remainder by construction, and :func:`check_total` compares their sum with the launch-to-first-token
+the client measured on its own clock, which the profile does not use (within 10%).
 """
 
 from __future__ import annotations
@@ -20,7 +20,10 @@ from dataclasses import dataclass
 LAUNCH = "process start: the interpreter and imports up to vLLM's platform plugins (none when forked)"
 """The label of a process's launch marker (its create time)."""
 FIRST_REQUEST = "the first request (8-token prompt, one token)"
-END = "(end: first token)"
+END = "(end: the first request served: its first token in vllm.LLM, its arrival at the server's engine)"
+"""The label of the last marker, a line the started process logs itself (never the client's clock): the
+profiled ``vllm.LLM`` script's "first token" line, or the server's "Received request" line
+(``--enable-log-requests``), which precedes the first token by the request's own prefill and HTTP."""
 
 __all__ = ["END", "FIRST_REQUEST", "LAUNCH", "LOG_PREFIX", "MARKERS", "Marker", "Phase", "check_total",
            "markers_from_log", "phases"]
@@ -57,7 +60,7 @@ MARKERS: tuple[tuple[str, str], ...] = (
     # the profiled vllm.LLM script's own lines (harness/startup/child.py)
     ("vllm.LLM(): engine arguments and config", r"startup: imports done"),
     (FIRST_REQUEST, r"startup: LLM ready"),
-    (END, r"startup: first token"),
+    (END, r"startup: first token|Received request "),
 )
 """``(phase that begins there, pattern)`` for the log lines that bound phases; searched in every line."""
 
