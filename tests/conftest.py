@@ -134,3 +134,34 @@ def int4_model_dir(real_model) -> Path:
     from harness.models.registry import fetch
 
     return fetch("smollm2-135m-int4")
+
+
+def assert_greedy_close(a: EngineRun, b: EngineRun, step_nats: float) -> list[int]:
+    """Two engines' greedy outputs of the same prompts (each run with ``"logprobs": K``) agree up to rounding:
+    while their tokens agree, each token's log-probability differs by at most ``step_nats`` between the two;
+    where they first part (token x from ``a``, y from ``b``), each is in the other's top K and the two were
+    nearly tied in both, by at most ``2 * step_nats`` (what two models within ``step_nats`` of each other can
+    flip). After that point the contexts differ and nothing is compared. Returns, per prompt, how many tokens
+    agree before they part (the whole length when they do not).
+
+    Raises:
+        AssertionError: naming the prompt, the step and the numbers.
+    """
+    agree = []
+    for i, (ta, tb, la, lb) in enumerate(zip(a["token_ids"], b["token_ids"], a["logprobs"], b["logprobs"],
+                                             strict=True)):
+        n = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
+        for k in range(n):
+            t = str(ta[k])
+            assert abs(la[k][t] - lb[k][t]) <= step_nats, (
+                f"prompt {i} step {k}: token {t} has log-probability {la[k][t]:.4f} in one and {lb[k][t]:.4f} in "
+                f"the other, more than {step_nats} apart")
+        if n < min(len(ta), len(tb)):
+            x, y = str(ta[n]), str(tb[n])
+            for name, lp, mine, other in (("first", la[n], x, y), ("second", lb[n], y, x)):
+                assert other in lp, f"prompt {i} step {n}: the {name} engine's top tokens {lp} lack {other}"
+                assert lp[mine] - lp[other] <= 2 * step_nats, (
+                    f"prompt {i} step {n}: tokens {x} and {y} part, but the {name} engine prefers its own by "
+                    f"{lp[mine] - lp[other]:.4f} nats > {2 * step_nats}: not a near tie")
+        agree.append(n)
+    return agree

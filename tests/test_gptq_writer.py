@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import skips
-from conftest import clean_env, run_engine
+from conftest import assert_greedy_close, clean_env, run_engine
 from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
 
 
@@ -84,7 +84,7 @@ def _stock_has_cpu_int4_kernels() -> bool:
 
 
 @pytest.mark.engine
-def test_stock_vllm_loads_the_gptq_checkpoint_and_matches_cpu_int4(real_model, tmp_path):
+def test_stock_vllm_loads_the_gptq_checkpoint_and_agrees_with_cpu_int4_up_to_rounding(real_model, tmp_path):
     """SmolLM2 written as GPTQ loads in stock vLLM (no plugin) and, given the same codes and
     scales as a cpu_int4 checkpoint, generates the same greedy tokens as omni. Both sides use
     bf16 activations: stock's cpu_gemm_wna16 (VLLM_CPU_INT4_W4A8=0) and torch's int4 kernel."""
@@ -105,14 +105,13 @@ def test_stock_vllm_loads_the_gptq_checkpoint_and_matches_cpu_int4(real_model, t
     llm = {"enforce_eager": True, "max_model_len": 256, "max_num_seqs": 8, "kv_cache_memory_bytes": 1 << 27}
     # stock in one process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as omni runs vllm.LLM): the layout changes
     # no numerics, and its three-process start costs about 25 s more on two cores
-    stock = run_engine({"llm": {"model": str(gptq_dir), **llm}, "prompts": prompts, "max_tokens": 12},
+    probe = {"prompts": prompts, "max_tokens": 12, "logprobs": 5}
+    stock = run_engine({"llm": {"model": str(gptq_dir), **llm}, **probe},
                        clean_env(VLLM_PLUGINS="", VLLM_CPU_INT4_W4A8="0", VLLM_ENABLE_V1_MULTIPROCESSING="0"))
     assert "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod" in stock.log
-    ours = run_engine({"llm": {"model": str(int4_dir), **llm}, "prompts": prompts, "max_tokens": 12},
+    ours = run_engine({"llm": {"model": str(int4_dir), **llm}, **probe},
                       clean_env(VLLM_PLUGINS="omni", OMNI_INT4_KERNEL="int4pack"))
-    # Greedy continuations part where two candidates are nearly tied and the two kernels round
-    # differently; the first tokens must agree, and most of the rest.
-    first = sum(a[:2] == b[:2] for a, b in zip(stock["token_ids"], ours["token_ids"], strict=False))
-    agree = [next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), len(a))
-             for a, b in zip(stock["token_ids"], ours["token_ids"], strict=False)]
-    assert first >= 7 and sum(agree) >= 0.6 * 8 * 12, (agree, stock["texts"], ours["texts"])
+    # The same codes and scales through two bf16 kernels that round differently: every token's log-probability
+    # within 0.1 nats while the tokens agree, and where they part, a near tie in both
+    agree = assert_greedy_close(stock, ours, step_nats=0.1)
+    print(f"tokens agreeing before the outputs part, per prompt: {agree}")
