@@ -107,3 +107,22 @@ def test_the_first_start_answers_eager_and_a_later_start_loads_the_artifact(int4
     assert "warming up the compiled model from its AOT artifact" in second  # loaded, not compiled again
     assert text2
     assert os.path.exists(marker)
+
+
+def test_the_harness_waits_for_a_background_compile_to_exit(tmp_path, monkeypatch):
+    """harness.arms.server.wait_for_compile_ahead: a process named by a pid file under the marker directory is
+    waited for until it exits; none running: no wait."""
+    import subprocess
+    import sys
+
+    from harness.arms.server import wait_for_compile_ahead
+
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    root = tmp_path / "omni_compile_ahead"
+    root.mkdir()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(2)"])
+    (root / "k.pid").write_text(str(child.pid))
+    got = wait_for_compile_ahead(timeout_s=60)
+    child.wait()
+    assert got["pids"] == [child.pid] and got["waited_s"] >= 1.0
+    assert wait_for_compile_ahead(timeout_s=60)["waited_s"] < 0.5

@@ -129,6 +129,7 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         assert all(r == args.gen_len for r in results), results
     finally:
         stop_group(proc)
+    compile_ahead = wait_for_compile_ahead(args.server_timeout)
     metrics = {
         "pp_tps": args.prompt_len / pp_s,
         "tg_tps": tg,
@@ -147,5 +148,39 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         "processes_ready": [p.to_dict() for p in tree_ready],
         "start_peak": peak.hwm(),
         "omni_log": omni_lines[-30:],
+        "compile_ahead": compile_ahead,
     }
     return metrics, provenance
+
+
+def wait_for_compile_ahead(timeout_s: float) -> dict[str, Any]:
+    """Wait (unmeasured) until the background compile a first ``omni-vllm serve`` started has exited, so that it
+    competes with no later measurement: every process named in a ``*.pid`` file of
+    ``$VLLM_CACHE_ROOT/omni_compile_ahead`` (``omni_platform.compile_ahead``). Returns ``{"waited_s", "pids",
+    "markers"}`` (the configurations compiled so far).
+
+    Raises:
+        RuntimeError: a background compile still ran after ``timeout_s`` seconds.
+    """
+    import os
+
+    import psutil
+
+    from omni_platform.compile_ahead import marker_dir
+
+    root = marker_dir()
+    pids = []
+    for f in root.glob("*.pid") if root.is_dir() else ():
+        try:
+            pids.append(int(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    t = time.perf_counter()
+    alive = [p for p in pids if psutil.pid_exists(p)]
+    while alive:
+        if time.perf_counter() - t > timeout_s:
+            raise RuntimeError(f"the background compile {alive} still ran after {timeout_s:.0f} s (log in {root})")
+        time.sleep(1.0)
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    return {"waited_s": time.perf_counter() - t, "pids": pids, "root": os.fspath(root),
+            "markers": sorted(m.name for m in root.glob("*.json")) if root.is_dir() else []}
