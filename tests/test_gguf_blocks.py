@@ -124,13 +124,16 @@ def test_a_files_digest_is_remembered_until_the_file_changes(tmp_path, monkeypat
 
 def test_c22_two_starts_on_one_gguf_share_one_conversion(tmp_path):
     """C22: two processes resolving the same real GGUF at the same moment on an empty cache: one converts, the
-    other waits on the lock and serves the finished copy (no "destination appeared while converting")."""
+    other waits on the lock and serves the finished copy (no "destination appeared while converting"). SmolLM2's
+    GGUF cut to its first 2 of 30 blocks (tests/gguf_files.py): the same file format and locking, a conversion
+    of seconds rather than minutes; tests/test_gguf_convert.py serves the whole file."""
     import subprocess
     import sys
 
+    from gguf_files import fewer_layers
     from harness.models.registry import gguf_path
 
-    gguf = gguf_path("smollm2-135m")
+    gguf = fewer_layers(gguf_path("smollm2-135m"), tmp_path / "smollm2-2-blocks.gguf", 2)
     script = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
               "from pathlib import Path; from omni_quant.gguf_cache import cached_conversion; "
               f"print(cached_conversion(Path({str(gguf)!r}), Path({str(tmp_path / 'cache')!r})))")
