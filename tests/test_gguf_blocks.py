@@ -131,6 +131,7 @@ def test_c22_two_starts_on_one_gguf_share_one_conversion(tmp_path):
     import sys
 
     from gguf_files import fewer_layers
+
     from harness.models.registry import gguf_path
 
     gguf = fewer_layers(gguf_path("smollm2-135m"), tmp_path / "smollm2-2-blocks.gguf", 2)
