@@ -136,6 +136,16 @@ def int4_model_dir(real_model) -> Path:
     return fetch("smollm2-135m-int4")
 
 
+def step_gap(a: EngineRun, b: EngineRun) -> float:
+    """The largest difference, in nats, between two engines' log-probabilities of the same greedy token, over the
+    steps where their tokens still agree (each run with ``"logprobs": K``): how far two numerical paths part."""
+    gap = 0.0
+    for ta, tb, la, lb in zip(a["token_ids"], b["token_ids"], a["logprobs"], b["logprobs"], strict=True):
+        n = next((k for k, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
+        gap = max([gap, *(abs(la[k][str(ta[k])] - lb[k][str(ta[k])]) for k in range(n))])
+    return gap
+
+
 def assert_greedy_close(a: EngineRun, b: EngineRun, step_nats: float) -> list[int]:
     """Two engines' greedy outputs of the same prompts (each run with ``"logprobs": K``) agree up to rounding:
     while their tokens agree, each token's log-probability differs by at most ``step_nats`` between the two;

@@ -135,7 +135,8 @@ VALID_COMPLETION = st.fixed_dictionaries(
      "prompt": st.one_of(short_text, st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=110))},
     optional={**SAMPLING_EDGES, "logprobs": st.integers(0, 5), "prompt_logprobs": st.integers(0, 2),
               "echo": st.booleans()})
-turns = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": short_text}),
+turn_text = st.text(min_size=1, max_size=10)  # two turns and the chat template stay inside max_model_len 128
+turns = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": turn_text}),
                  min_size=1, max_size=2).map(lambda m: [{"role": "user", "content": m[0]["content"]}, *m[1:]])
 VALID_CHAT = st.fixed_dictionaries(
     {"model": st.just("MODEL"), "max_completion_tokens": st.integers(1, 16), "messages": turns},
@@ -161,8 +162,9 @@ def _stream_then_cancel(port: int, path: str, body: dict) -> int:
 
 def test_valid_unusual_requests_reach_the_engine_and_leave_it_serving(server):
     """Bodies that are valid but sit at the edges (sampling parameters, n > 1, logprobs, stop strings across
-    tokens, non-ASCII text, prompts near max_model_len 128, streamed, cancelled midway): at least half are
-    answered 200, none with 5xx, and the server then answers a known greedy request as before."""
+    tokens, non-ASCII text, prompts near max_model_len 128, streamed, cancelled midway): every one is answered
+    200 (the strategies stay inside what vLLM accepts: a refusal names a bug here or there), none with 5xx, and
+    the server then answers a known greedy request as before."""
     port, proc, log = server
     before = _normal(port)
     seen: collections.Counter = collections.Counter()
@@ -194,7 +196,7 @@ def test_valid_unusual_requests_reach_the_engine_and_leave_it_serving(server):
     print(f"valid fuzz: {VALID_REQUESTS} requests, status codes {dict(sorted(seen.items(), key=str))}; "
           f"refused, first: {refused[:3]}")
     assert not server_errors, f"{len(server_errors)} answers >= 500, first: {server_errors[:3]}"
-    assert seen[200] >= VALID_REQUESTS / 2, f"only {seen[200]} of {VALID_REQUESTS} answered 200: {refused[:5]}"
+    assert not refused, f"{len(refused)} of {VALID_REQUESTS} valid requests refused, first: {refused[:5]}"
 
 
 def test_min_p_and_logit_bias_are_refused_naming_speculation_while_the_default_speculates(server):

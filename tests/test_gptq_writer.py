@@ -111,7 +111,9 @@ def test_stock_vllm_loads_the_gptq_checkpoint_and_agrees_with_cpu_int4_up_to_rou
     assert "Using CPUWNA16LinearKernel for AutoGPTQLinearMethod" in stock.log
     ours = run_engine({"llm": {"model": str(int4_dir), **llm}, **probe},
                       clean_env(VLLM_PLUGINS="omni", OMNI_INT4_KERNEL="int4pack"))
-    # The same codes and scales through two bf16 kernels that round differently: every token's log-probability
-    # within 0.1 nats while the tokens agree, and where they part, a near tie in both
-    agree = assert_greedy_close(stock, ours, step_nats=0.1)
+    # The same codes and scales through two bf16 kernels that sum in different orders and round their outputs to
+    # bf16 (2^-8 relative: about 0.1 on a logit of 25, SmolLM2's largest): every token's log-probability within
+    # 0.25 nats while the tokens agree (a logit and the log-sum-exp each off by that much), and where they part,
+    # a near tie in both
+    agree = assert_greedy_close(stock, ours, step_nats=0.25)
     print(f"tokens agreeing before the outputs part, per prompt: {agree}")
