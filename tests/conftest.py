@@ -175,3 +175,17 @@ def assert_greedy_close(a: EngineRun, b: EngineRun, step_nats: float) -> list[in
                     f"{lp[mine] - lp[other]:.4f} nats > {2 * step_nats}: not a near tie")
         agree.append(n)
     return agree
+
+
+def run_probe(script: str, args: list[str], env: dict[str, str], timeout: float = 300) -> dict[str, Any]:
+    """Run ``python -c script args...`` in a fresh interpreter with ``env``; return the JSON of its last stdout line
+    that starts with ``PROBE `` (the patch-switch probes: tests/test_patches_off.py, tests/test_patch_switches.py).
+
+    Raises:
+        AssertionError: the interpreter failed or printed no such line (its stderr's tail attached).
+    """
+    proc = subprocess.run([sys.executable, "-c", script, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("PROBE "):])

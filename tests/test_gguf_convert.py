@@ -192,13 +192,13 @@ def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
     (fitted by omni_quant.super_blocks from their dequantized values, block bytes written as llama.cpp's
     block_q4_K); returns the fields written per tensor name."""
     import gguf
-    from gguf_files import writer_like
+    from gguf_files import write_tensors, writer_like
     from test_super_blocks import _q4_k_bytes
 
     from omni_quant import super_blocks
 
     reader, writer = writer_like(src, dst)
-    fields, data = {}, {}
+    fields, tensors = {}, []
     for t in reader.tensors:
         raw, kind = np.asarray(t.data), t.tensor_type
         if t.name.endswith("ffn_down.weight"):
@@ -209,14 +209,8 @@ def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
             parts = [p.numpy() for p in super_blocks.quantize(w)]
             fields[t.name] = parts
             raw, kind = _q4_k_bytes(*parts).reshape(rows, -1), gguf.GGMLQuantizationType.Q4_K
-        data[t.name] = raw
-        writer.add_tensor_info(t.name, raw.shape, raw.dtype, raw.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for t in reader.tensors:
-        writer.write_tensor_data(data[t.name])
-    writer.close()
+        tensors.append((t.name, raw, kind))
+    write_tensors(writer, tensors)
     return fields
 
 

@@ -8,14 +8,11 @@ docs/stability.md lists, per patch, the test that shows its bug.
 """
 
 import functools
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import REPO, clean_env, run_engine
+from conftest import clean_env, run_engine, run_probe
 from skips import MORE_CORES_THAN_FEW
 
 PROBE = textwrap.dedent("""
@@ -77,11 +74,7 @@ def probe(tiny_llama, int4_model_dir):
     @functools.cache
     def run(switch: str | None) -> dict:
         env = clean_env(VLLM_PLUGINS="omni", **({switch: "1"} if switch else {}))
-        proc = subprocess.run([sys.executable, "-c", PROBE, str(tiny_llama), str(int4_model_dir)], env=env,
-                              capture_output=True, text=True, timeout=300, cwd=REPO)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
-        assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-        return json.loads(lines[-1][len("PROBE "):])
+        return run_probe(PROBE, [str(tiny_llama), str(int4_model_dir)], env)
 
     return run
 

@@ -8,14 +8,11 @@ load, the memory release) are in ``test_patches_engine.py``; the model-info cach
 """
 
 import functools
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import REPO, clean_env
+from conftest import clean_env, run_probe
 from skips import MORE_CORES_THAN_FEW
 
 MiB = 1 << 20
@@ -110,11 +107,7 @@ def probe(tiny_llama):
     @functools.cache
     def run(switch: str | None) -> dict:
         env = clean_env(VLLM_PLUGINS="omni", VLLM_CPU_KVCACHE_SPACE="1", **({switch: "1"} if switch else {}))
-        proc = subprocess.run([sys.executable, "-c", PROBE, str(tiny_llama)], env=env, capture_output=True,
-                              text=True, timeout=300, cwd=REPO)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
-        assert proc.returncode == 0 and lines, proc.stderr[-3000:]
-        return json.loads(lines[-1][len("PROBE "):])
+        return run_probe(PROBE, [str(tiny_llama)], env)
 
     return run
 

@@ -228,20 +228,12 @@ def _untied(src: Path, dst: Path) -> Path:
     """A copy of the GGUF ``src`` at ``dst`` with an ``output.weight`` (a copy of ``token_embd.weight``'s
     bytes and type): an untied model, as most larger ones are (Qwen2.5-Coder-1.5B)."""
     import numpy as np
-    from gguf_files import writer_like
+    from gguf_files import write_tensors, writer_like
 
     reader, writer = writer_like(src, dst)
     tensors = [(t.name, np.asarray(t.data), t.tensor_type) for t in reader.tensors]
     embd = next(x for x in tensors if x[0] == "token_embd.weight")
-    tensors.append(("output.weight", embd[1], embd[2]))
-    for name, raw, kind in tensors:
-        writer.add_tensor_info(name, raw.shape, raw.dtype, raw.nbytes, kind)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_ti_data_to_file()
-    for _, raw, _ in tensors:
-        writer.write_tensor_data(raw)
-    writer.close()
+    write_tensors(writer, [*tensors, ("output.weight", embd[1], embd[2])])
     return dst
 
 
@@ -252,6 +244,7 @@ def test_an_untied_gguf_converts_to_at_most_its_size_plus_5_percent(tmp_path):
     SmolLM2's GGUF cut to its first 4 of 30 blocks (tests/gguf_files.py): every tensor type of the file, the
     embedding and head at full size (the larger share of the bytes), a calibration of seconds."""
     from gguf_files import fewer_layers
+
     from harness.models.registry import gguf_path
     from omni_quant.gguf_convert import convert_gguf
 
