@@ -153,12 +153,35 @@ def render_docs(files: list[Path], write: bool = True) -> list[Path]:
             out += [text[pos:head_end], "\n", body, "\n"]
             pos = end
         out.append(text[pos:])
-        new = tag_mentions("".join(out), repo)
+        new = tag_mentions(_patch_tables("".join(out)), repo)
         if new != text:
             changed.append(f)
             if write:
                 f.write_text(new)
     return changed
+
+
+PATCHES_BEGIN = "<!-- patches-table: "
+PATCHES_END = "<!-- /patches-table -->"
+
+
+def _patch_tables(text: str) -> str:
+    """``text`` with every table between ``<!-- patches-table: declared|tests ... -->`` and
+    ``<!-- /patches-table -->`` replaced by :func:`omni_patches.patches.docs_tables`' (docs/stability.md)."""
+    if PATCHES_BEGIN not in text:
+        return text
+    from omni_patches.patches import docs_tables
+
+    tables = dict(zip(("declared", "tests"), docs_tables(), strict=True))
+    out, pos = [], 0
+    while (start := text.find(PATCHES_BEGIN, pos)) != -1:
+        head_end = text.index("-->", start) + 3
+        kind = text[start + len(PATCHES_BEGIN):head_end - 3].split()[0]
+        end = text.index(PATCHES_END, head_end)
+        out += [text[pos:head_end], "\n", tables[kind], "\n"]
+        pos = end
+    out.append(text[pos:])
+    return "".join(out)
 
 
 def compare(path: Path, metric: str, a: str, b: str) -> dict:

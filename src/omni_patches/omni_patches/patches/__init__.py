@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MARKER", "Patch", "all_patches"]
+__all__ = ["MARKER", "Patch", "all_patches", "docs_tables"]
 
 MARKER = "__omni_patch__"
 """Attribute set on every replacement function: its value is the patch name (idempotence)."""
@@ -20,6 +20,10 @@ class Patch:
     supported vLLM; ``make`` receives the originals (same order) and returns the
     replacements, exactly one per target in the same order (``apply_all`` refuses any other
     count and restores what it set); ``disable_env`` switches the patch off when set to ``1``.
+
+    For docs/stability.md's two tables (:func:`docs_tables`), in Markdown: ``where`` (the targets as files and
+    names), ``bug`` (the upstream bug, or "not a bug: ..."), ``switch_doc`` (how to switch it off), ``bug_test``
+    (the test that shows the bug with the switch set) and ``fix_test`` (the one that shows its absence).
     """
 
     name: str
@@ -27,6 +31,22 @@ class Patch:
     make: Callable[..., list[Any]]
     disable_env: str
     doc: str
+    where: str = ""
+    bug: str = ""
+    switch_doc: str = ""
+    bug_test: str = ""
+    fix_test: str = ""
+
+
+def docs_tables() -> tuple[str, str]:
+    """docs/stability.md's two tables from the declarations, in :func:`all_patches`' order: ``(patch, target(s),
+    upstream bug, switch)`` and ``(patch, the bug with the switch set, its absence with the patch on)``."""
+    declared = ["| patch | target(s) | upstream bug | switch |", "|---|---|---|---|"]
+    tested = ["| patch | the bug, with the switch set | its absence, with the patch on |", "|---|---|---|"]
+    for p in all_patches():
+        declared.append(f"| `{p.name}` | {p.where} | {p.bug} | {p.switch_doc} |")
+        tested.append(f"| `{p.name}` | {p.bug_test} | {p.fix_test} |")
+    return "\n".join(declared), "\n".join(tested)
 
 
 def all_patches() -> list[Patch]:

@@ -58,4 +58,12 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_AOT_CACHE_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/compilation/decorators.py:_try_load_aot_compiled_fn`',
+    bug=("on CPU the AOT artifact's compiled function has no `finalize_loading`; the load fails and "
+         'every start recompiles'),
+    switch_doc='`OMNI_PATCH_AOT_CACHE_OFF=1`',
+    bug_test=('`tests/test_patches_engine.py::test_aot_compile_cache_second_start_loads_instead_of_recompiling`'
+              ' (engine: the warm start logs the `finalize_loading` failure and recompiles). Engine '
+              'only: the bug is in loading the artifact that an earlier compiled start saved'),
+    fix_test="the same test's third start loads the artifact",
 )

@@ -61,4 +61,14 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_BATCH_DEFAULTS_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/engine/arg_utils.py:EngineArgs.get_batch_defaults`',
+    bug=("not a bug: `vllm.LLM` reaches no published hook with its arguments, so omni's small-machine "
+         'defaults (`max_num_batched_tokens` 512, `max_num_seqs` 8; values the user leaves unset only)'
+         ' need a patch; `vllm serve` gets them through `pre_register_and_update` without it'),
+    switch_doc='`OMNI_PATCH_BATCH_DEFAULTS_OFF=1`',
+    bug_test=('`tests/test_patches_off.py::test_batch_defaults_off_gives_vllm_llm_the_large_cpu_defaults`'
+              " (not a bug: vLLM's CPU defaults for `vllm.LLM`; skipped on machines with more than "
+              '`OMNI_FEW_CPUS` physical cores, where omni sets no step budget)'),
+    fix_test=('the same test; in an engine '
+              '`tests/test_real_engine.py::test_small_machine_step_budget_default_and_user_override`'),
 )

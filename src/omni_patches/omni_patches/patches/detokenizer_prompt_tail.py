@@ -64,4 +64,17 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_DETOKENIZER_TAIL_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/v1/engine/detokenizer.py:FastIncrementalDetokenizer.__init__`',
+    bug=("a token-id prompt that ends inside a multi-byte UTF-8 character: tokenizers' `DecodeStream`,"
+         ' primed with the whole prompt, returns its whole window when the character completes, so the'
+         " output began with the prompt's text (C23), streamed and not. The replacement primes the "
+         "stream up to the prompt's last complete character and steps the rest through it without "
+         'output'),
+    switch_doc='`OMNI_PATCH_DETOKENIZER_TAIL_OFF=1`',
+    bug_test=('`tests/test_patch_switches.py::test_c23_detokenizer_off_puts_the_prompts_text_in_the_output`'
+              " (the detokenizer of a token prompt cut inside a character of SmolLM2's tokenizer "
+              "returns the prompt's text first)"),
+    fix_test=('the same test (only the text after the prompt); '
+              '`tests/test_fuzz_openai.py::test_c23_a_token_prompt_ending_inside_a_character_streams_what_it_answers`'
+              ' (engine, streamed and not)'),
 )

@@ -46,4 +46,10 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_KV_CACHE_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/platforms/cpu.py:CpuPlatform.check_and_update_config`',
+    bug='`VLLM_CPU_KVCACHE_SPACE` overwrites an explicit `kv_cache_memory_bytes` (C01)',
+    switch_doc='`OMNI_PATCH_KV_CACHE_OFF=1`',
+    bug_test=('`tests/test_patches_off.py::test_c01_kv_cache_off_lets_vllm_cpu_kvcache_space_overwrite_the_explicit_budget`;'
+              ' in an engine `tests/test_patches_engine.py::test_c01_bug_without_the_patch`'),
+    fix_test='the first test; `test_patches_engine.py::test_c01_explicit_kv_cache_memory_bytes_wins`',
 )

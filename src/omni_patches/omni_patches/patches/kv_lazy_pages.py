@@ -80,4 +80,16 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_KV_LAZY_PAGES_OFF",
     doc=__doc__.split("\n")[0],
+    where=('`vllm/v1/worker/gpu_model_runner.py:GPUModelRunner._allocate_kv_cache_tensors` (inherited '
+           'by the CPU runner)'),
+    bug=('not a bug: every KV tensor is `torch.zeros`, whose memset makes the whole KV budget resident'
+         ' anonymous memory at start, whatever the traffic. The replacement maps each CPU KV tensor '
+         'from a private anonymous mapping, zero-filled by the kernel on first write, so a page '
+         'becomes resident when a token lands in it; pages of freed blocks stay resident (the prefix '
+         'cache keeps their contents)'),
+    switch_doc='`OMNI_PATCH_KV_LAZY_PAGES_OFF=1`',
+    bug_test=('not a bug: '
+              '`tests/test_kv_lazy_pages.py::test_the_kv_cache_is_resident_only_as_tokens_are_written`'
+              ' (switched off: the worker holds the whole KV budget as RssAnon before any request)'),
+    fix_test='the same test (on: about what the written tokens need, and the same greedy tokens)',
 )

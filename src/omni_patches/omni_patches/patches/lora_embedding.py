@@ -75,4 +75,20 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_LORA_EMBEDDING_OFF",
     doc=__doc__.split("\n")[0],
+    where=('`vllm/lora/layers/vocal_parallel_embedding.py:VocabParallelEmbeddingWithLoRA.can_replace_layer`,'
+           " `vllm/lora/model_manager.py:from_layer_logits_processor` (`vllm/lora/utils.py`'s "
+           'function, as the manager imported it)'),
+    bug=('with `enable_lora` vLLM wraps every supported module and its embedding and logits wrappers '
+         "read the base layer's `weight`, which a cpu_int4 embedding and output head do not have: "
+         'start-up died with `AttributeError` (C19). The replacement leaves a quantized input '
+         'embedding unwrapped (adapters apply to every other layer; an adapter with embedding weights '
+         "is refused by vLLM at load) and builds the LoRA logits processor from the head's parameter "
+         "device and LoRA's dtype. The linear layers need no patch: omni exposes their repacked weight"
+         " as `qweight`, the name vLLM's `_get_lora_device` looks for"),
+    switch_doc='`OMNI_PATCH_LORA_EMBEDDING_OFF=1`',
+    bug_test=('`tests/test_patch_switches.py::test_c19_lora_embedding_off_a_lora_engine_on_cpu_int4_does_not_start`'
+              " (engine: an `enable_lora` engine on SmolLM2 cpu_int4 dies with vLLM's `AttributeError`"
+              ' on `weight`)'),
+    fix_test=('`tests/test_lora.py::test_c19_lora_adapters_on_a_cpu_int4_base` (engine: a zero adapter'
+              " gives the base's tokens, a random one changes them, the same each time)"),
 )

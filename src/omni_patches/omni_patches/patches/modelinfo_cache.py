@@ -62,4 +62,11 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_MODELINFO_CACHE_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/model_executor/models/registry.py:_LazyRegisteredModel.inspect_model_cls`',
+    bug=('the model-info cache looks for `models/<name>.py`; the Transformers backend is a package, so'
+         ' every start of an architecture it serves (Olmo2, Starcoder2, ...) inspects the class in a '
+         'new Python process (vLLM\'s "Registry inspect model class" log line gives its duration)'),
+    switch_doc='`OMNI_PATCH_MODELINFO_CACHE_OFF=1`',
+    bug_test='`tests/test_patch_modelinfo_cache.py::test_without_the_patch_every_inspection_is_a_new_process`',
+    fix_test='`tests/test_patch_modelinfo_cache.py::test_second_inspection_reads_vllms_cache_file`',
 )

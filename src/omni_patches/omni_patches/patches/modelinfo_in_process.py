@@ -42,4 +42,13 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_MODELINFO_IN_PROCESS_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/model_executor/models/registry.py:_run_in_subprocess`',
+    bug=('not a bug: an architecture missing from the model-info cache (any start with a new '
+         '`VLLM_CACHE_ROOT`, a new vLLM or a new architecture) is inspected in a new interpreter that '
+         'imports vLLM again "to avoid initializing CUDA"; on CPU there is none. The replacement runs '
+         'the inspection in this process; vLLM writes its cache file as before'),
+    switch_doc='`OMNI_PATCH_MODELINFO_IN_PROCESS_OFF=1`',
+    bug_test=('`tests/test_patch_modelinfo_in_process.py::test_an_uncached_model_class_is_inspected_in_this_process_with_vllms_answer`'
+              ' (switched off: one child interpreter)'),
+    fix_test='the same test (no child, the same `_ModelInfo`, the cache file written)',
 )

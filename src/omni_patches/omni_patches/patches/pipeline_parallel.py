@@ -49,4 +49,14 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_PIPELINE_PARALLEL_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/v1/worker/cpu_model_runner.py:CPUModelRunner.warming_up_model`',
+    bug=('later pipeline stages receive hidden states into a buffer only the compiled-mode warm-up '
+         'allocates: `pipeline_parallel_size=2` in eager mode fails at the first request (C17)'),
+    switch_doc='`OMNI_PATCH_PIPELINE_PARALLEL_OFF=1`',
+    bug_test=('`tests/test_patches_off.py::test_c17_pipeline_parallel_off_a_later_stage_fails_at_its_first_request_in_eager_mode`'
+              " (the runner of a later stage, vLLM's pipeline group replaced by a stand-in: after the "
+              "eager warm-up vLLM's own `assert self.intermediate_tensors is not None` fails); in an "
+              'engine `tests/test_patches_engine.py::test_c17_pipeline_parallel_bug_without_the_patch`'
+              ' (skipped with fewer than two CPUs)'),
+    fix_test='the first test; in an engine `tests/test_scale_out.py::test_c17_pp2_greedy_equals_pp1`',
 )

@@ -82,4 +82,19 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_PROCESSOR_PROBE_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/renderers/hf.py:_try_get_processor_chat_template`',
+    bug=("not a bug: to find a processor's chat template the renderer calls "
+         '`AutoProcessor.from_pretrained`, which for a text-only checkpoint loads the whole tokenizer '
+         'a second time and is thrown away (the chat template warm-up of every start). The replacement'
+         ' answers "no processor template" without the load for a local directory from which '
+         '`AutoProcessor` cannot build a processor (no processor or preprocessor config, no '
+         '`processor_class` or `auto_map.AutoProcessor`, a `model_type` outside '
+         '`PROCESSOR_MAPPING_NAMES`); anything else goes to the original'),
+    switch_doc='`OMNI_PATCH_PROCESSOR_PROBE_OFF=1`',
+    bug_test=('not a bug: '
+              '`tests/test_patch_switches.py::test_processor_probe_off_loads_a_processor_for_a_text_only_model`'
+              ' (switched off: the renderer loads a processor once for SmolLM2 and answers None)'),
+    fix_test=('the same test (None, and no load); '
+              '`tests/test_processor_probe.py::test_only_a_checkpoint_autoprocessor_cannot_make_a_processor_of_skips_the_probe`'
+              ' (each file or key that makes a processor sends the call to the original)'),
 )

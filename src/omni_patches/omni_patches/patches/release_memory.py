@@ -64,4 +64,12 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_RELEASE_MEMORY_OFF",
     doc=__doc__.split("\n")[0],
+    where=('`vllm/v1/worker/cpu_worker.py:CPUWorker.load_model` (inherited `Worker.load_model`), '
+           '`CPUWorker.determine_available_memory`'),
+    bug='memory freed after weight loading and warm-up stays with the allocator',
+    switch_doc='`OMNI_PATCH_RELEASE_MEMORY_OFF=1`',
+    bug_test=('`tests/test_patches_engine.py::test_release_memory_after_load_lowers_worker_rss_anon` '
+              '(engine: the worker keeps more RssAnon). Engine only: the memory is what weight loading'
+              ' and warm-up leave with the allocator of a real worker'),
+    fix_test='the same test',
 )

@@ -58,4 +58,15 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_SAMPLER_SEEDS_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/v1/sample/ops/topk_topp_sampler.py:TopKTopPSampler.forward_cpu`',
+    bug=('the CPU sampler takes its fast path (the global generator) whenever not every request of the'
+         ' batch has a seed: a seeded request beside an unseeded one is not reproducible (C15)'),
+    switch_doc='`OMNI_PATCH_SAMPLER_SEEDS_OFF=1`',
+    bug_test=('`tests/test_patches_off.py::test_c15_sampler_seeds_off_a_seeded_row_follows_the_global_generator`;'
+              ' '
+              '`tests/test_sampler_seeds.py::test_without_the_patch_vllm_ignores_the_seed_in_a_mixed_batch`'
+              ' (patches not applied at all)'),
+    fix_test=('the first test; '
+              '`test_sampler_seeds.py::test_seeded_row_is_reproducible_beside_an_unseeded_one`, in an '
+              'engine `::test_c15_seeded_request_beside_an_unseeded_one_gives_the_same_text`'),
 )

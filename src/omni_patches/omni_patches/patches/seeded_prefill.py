@@ -76,4 +76,17 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_SEEDED_PREFILL_OFF",
     doc=__doc__.split("\n")[0],
+    where=('`vllm/v1/worker/cpu_model_runner.py:CPUModelRunner._sample`, '
+           '`CPUModelRunner._bookkeeping_sync` (both inherited from `GPUModelRunner`, '
+           '`gpu_model_runner.py`)'),
+    bug=('a request with `seed` whose prompt takes more than one step (chunked prefill) kills the '
+         "engine core: vLLM rewinds its generator with `set_offset(get_offset() - 4)`, which torch's "
+         'CPU generator refuses ("CPU Generator does not use offset"), and every client\'s request then'
+         " fails (C32). The replacement saves and restores the generator's state around the discarded "
+         "sample (the exact rewind) and hides those generators from vLLM's offset rewind"),
+    switch_doc='`OMNI_PATCH_SEEDED_PREFILL_OFF=1`',
+    bug_test=('`tests/test_seeded_prefill.py::test_c32_without_the_patch_the_seeded_chunked_prompt_kills_vllms_engine`'
+              " (engine: the probe dies with vLLM's RuntimeError)"),
+    fix_test=('`tests/test_seeded_prefill.py::test_c32_a_seeded_request_with_a_chunked_prompt_keeps_the_engine_and_its_tokens`'
+              " (engine: repeats its tokens, equal to an unchunked prefill's)"),
 )

@@ -121,4 +121,20 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_SMALL_WARMUP_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/v1/worker/cpu_model_runner.py:CPUModelRunner.warming_up_model`',
+    bug=('not a bug: in compiled mode the CPU warm-up is `profile_run`, a dummy prefill of '
+         '`max_num_tokens` rows (512) and a sampler pass, whose purpose is to trace and compile; a '
+         'warm start that loads the saved AOT artifact has nothing to compile and still runs the '
+         'prefill (docs/startup.md says what it costs). The replacement runs the same dummy forward '
+         'and sampler pass with 16 rows when the artifact vLLM will load exists (and '
+         '`_patch_cpu_aot_compile_cache_load` is applied); a cold start is unchanged. It wraps the '
+         "pipeline-parallel patch's target too: `apply_all` passes a later patch of a target the "
+         'earlier replacement'),
+    switch_doc='`OMNI_PATCH_SMALL_WARMUP_OFF=1`',
+    bug_test=('`tests/test_patches_engine.py::test_aot_compile_cache_second_start_loads_instead_of_recompiling`'
+              " (engine: its fifth start, with the switch set, loads the artifact and runs vLLM's full"
+              ' warm-up)'),
+    fix_test=("the same test's third start logs the 16-token warm-up and the same tokens; its cold and"
+              ' unpatched starts do not take it; '
+              '`tests/test_patches_guards.py::test_two_patches_of_one_target_compose_and_a_second_apply_adds_no_layer`'),
 )

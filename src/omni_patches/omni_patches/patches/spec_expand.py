@@ -61,4 +61,17 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_SPEC_EXPAND_OFF",
     doc=__doc__.split("\n")[0],
+    where=('`vllm/utils/cpu_triton_utils.py:expand_kernel.func` (`_expand_kernel_impl`, which the CPU '
+           "model runner installs as the rejection sampler's `expand_kernel`)"),
+    bug=("it passes its int64-only C++ kernel an int64 copy of the output, so the rejection sampler's "
+         'per-token temperature, top-k and top-p stay uninitialised whenever drafts are verified in a '
+         'batch that is not all greedy: seeded sampling under speculation did not repeat, and a greedy'
+         ' request with structured output beside a sampled one drew token 0 and ended with "error" '
+         "(C25). The replacement writes the expansion into the caller's tensor with torch"),
+    switch_doc='`OMNI_PATCH_SPEC_EXPAND_OFF=1`',
+    bug_test=('`tests/test_patch_switches.py::test_c25_spec_expand_off_leaves_the_float_temperatures_unwritten`'
+              " (vLLM's expansion into a float32 tensor leaves it as it was)"),
+    fix_test=("the same test (each request's value, once per token); "
+              '`tests/test_spec_structured.py::test_c25_structured_output_under_speculation_keeps_every_grammar`'
+              ' (engine)'),
 )

@@ -67,4 +67,17 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_SPECULATION_DEFAULT_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/engine/arg_utils.py:EngineArgs.create_speculative_config`',
+    bug=("not a bug: omni's default (docs/speculation.md). vLLM builds the speculative config from the"
+         " engine arguments alone, and no published hook sees them with the model's config; the "
+         'replacement fills in `omni_platform.speculation.default_speculative_config` where the user '
+         "named none and `why_not` finds no reason against it, logs it, and calls vLLM's own"),
+    switch_doc='`OMNI_PATCH_SPECULATION_DEFAULT_OFF=1` (or `OMNI_SPECULATION=off`)',
+    bug_test=('not a bug: '
+              '`tests/test_patch_switches.py::test_speculation_default_off_leaves_the_engine_without_speculation`'
+              ' (switched off: the engine config `vllm.LLM` builds has no speculative config); '
+              '`tests/test_speculation_default.py::test_off_the_engine_does_not_speculate_and_says_why`'
+              ' (OMNI_SPECULATION=off)'),
+    fix_test=('the first test (the gated proposer through `custom_class`); in an engine '
+              '`tests/test_speculation_default.py::test_by_default_an_engine_without_a_speculative_config_speculates_and_says_so`'),
 )

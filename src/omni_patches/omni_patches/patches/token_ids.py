@@ -43,4 +43,13 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_TOKEN_IDS_OFF",
     doc=__doc__.split("\n")[0],
+    where='`vllm/v1/engine/input_processor.py:InputProcessor._validate_params`',
+    bug=('`SamplingParams.verify` checks `allowed_token_ids` and `logit_bias` keys before the '
+         "platform's `validate_request` hook, with a `VLLMValidationError` (not a `ValueError` in vLLM"
+         " 0.28; for `allowed_token_ids` it names no vocabulary size); the replacement runs omni's "
+         'check of the sampling fields first (C12)'),
+    switch_doc='`OMNI_PATCH_TOKEN_IDS_OFF=1`',
+    bug_test='`tests/test_patches_off.py::test_c12_token_ids_off_gives_vllms_error_that_is_no_value_error`',
+    fix_test=('the same test; in an engine '
+              '`tests/test_request_checks.py::test_c12_vllm_llm_refuses_bad_ids_and_keeps_generating`'),
 )

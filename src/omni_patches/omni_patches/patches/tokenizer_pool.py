@@ -110,4 +110,19 @@ PATCH = Patch(
     make=_make,
     disable_env="OMNI_PATCH_TOKENIZER_POOL_OFF",
     doc=__doc__.split("\n")[0],
+    where=("`vllm/renderers/hf.py:maybe_make_thread_pool` (vLLM's `vllm/tokenizers/hf.py` function, as"
+           ' the renderer imported it)'),
+    bug=('not a bug: the renderer makes `renderer_num_workers + 1` deep copies of a fast tokenizer '
+         'before start-up goes on, each a serialisation and parse of its `tokenizer.json`. The '
+         'replacement makes none then: where the engine core is a process of its own (the server) a '
+         'daemon thread fills the same pool while the front end waits for the engine core; in the '
+         "one-process `vllm.LLM` layout a borrower makes a copy when the pool is empty, as upstream's "
+         "borrower does (a background copy there holds the GIL the engine's start needs)"),
+    switch_doc='`OMNI_PATCH_TOKENIZER_POOL_OFF=1`',
+    bug_test=('not a bug: '
+              '`tests/test_tokenizer_pool.py::test_with_the_switch_set_vllm_makes_its_copies_before_it_returns`'
+              " (vLLM's function left in place, its pool full when it returns)"),
+    fix_test=('`tests/test_tokenizer_pool.py::test_the_pool_is_filled_in_the_background_or_on_demand` '
+              "(SmolLM2's real tokenizer: the pool filled by the thread, or by the first borrower; the"
+              ' same ids and text)'),
 )
