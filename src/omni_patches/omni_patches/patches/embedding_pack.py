@@ -60,13 +60,14 @@ PATCH = Patch(
     doc=__doc__.split("\n")[0],
     where='`vllm/model_executor/layers/vocab_parallel_embedding.py:UnquantizedEmbeddingMethod.process_weights_after_loading`',
     bug=('on CPU every unquantized input embedding gets a second copy of its table packed for a GEMM '
-         '(`dispatch_cpu_unquantized_gemm`) that only a module computing logits reads: 445 MiB on '
+         '(`dispatch_cpu_unquantized_gemm`) that only a module computing logits reads: '
+         '466,747,392 bytes (151936 by 1536 bf16 values) on '
          "Qwen2.5-Coder-1.5B with a bf16 embedding (the ledger's largest anonymous mapping without a "
          "tensor); the replacement packs an input embedding at its first logits call instead (Gemma's "
          'logits are its embedding), and leaves `ParallelLMHead` as upstream'),
     switch_doc='`OMNI_PATCH_EMBEDDING_GEMM_COPY_OFF=1`',
     bug_test=('`tests/test_patch_embedding_gemm_copy.py::test_without_the_patch_the_input_embedding_holds_a_packed_copy`'
-              " (engine, SmolLM2 bf16: malloc in use and RssAnon grow by the table's 54 MiB)"),
+              " (engine, SmolLM2 bf16: malloc in use and RssAnon grow by the table's 56,623,104 bytes)"),
     fix_test=('`tests/test_patch_embedding_gemm_copy.py::test_with_the_patch_the_same_tokens_and_logprobs`,'
               ' '
               '`tests/test_patch_embedding_gemm_copy.py::test_a_model_whose_logits_come_from_its_embedding_module_gets_the_gemm_at_first_use`'
