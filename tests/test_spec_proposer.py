@@ -9,14 +9,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_platform.spec_proposer import START_K, GatedPromptLookup, longest_suffix_match
+from omni_platform.spec_proposer import GUESSES, MIN_RUN, START_K, GatedPromptLookup, longest_suffix_match
 
 MAX_LEN = 256
 
 
-def _proposer(k=8, max_len=MAX_LEN):
+def _proposer(k=8, max_len=MAX_LEN, **kw):
     return GatedPromptLookup(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
-                                             model_config=SimpleNamespace(max_model_len=max_len)))
+                                             model_config=SimpleNamespace(max_model_len=max_len)), **kw)
 
 
 class Batch:
@@ -126,3 +126,78 @@ def test_the_match_and_first_draft_lengths_come_from_omnis_settings(monkeypatch)
     assert b.step(prop, [[6]]) == [[9, 9]]  # "5 6" recurs: two tokens of match are enough now
     monkeypatch.setenv("OMNI_SPEC_MIN_MATCH", "3")
     assert Batch([5, 6, 9, 9, 9, 9, 5]).step(_proposer(), [[6]]) == [[]]
+
+
+def _replay(prop, prompt, output, max_len=MAX_LEN):
+    """Decode ``output`` after ``prompt`` as vLLM's rejection sampler would with greedy drafts: each step
+    emits the accepted prefix of the draft plus the model's own next token. Returns ``[(draft, accepted)]``."""
+    b = Batch(prompt)
+    steps, pos, sampled = [], 1, [output[0]]
+    while pos < len(output):
+        (d,) = b.step(prop, [sampled])
+        a = 0
+        while a < len(d) and pos + a < len(output) and d[a] == output[pos + a]:
+            a += 1
+        sampled = output[pos: pos + a + 1]
+        pos += len(sampled)
+        steps.append((d, a))
+    return steps
+
+
+# a 60-token "function" whose token 20 (an identifier) recurs at 35 and 50; the edit renames it to two tokens
+SOURCE = list(range(100, 160))
+NAME = SOURCE[20]
+SOURCE[35] = SOURCE[50] = NAME
+RENAMED = [w for t in SOURCE for w in ((900, 901) if t == NAME else (t,))]
+PROMPT = SOURCE + [1, 2] + SOURCE[:3]  # the source, an instruction, the answer's first tokens
+
+
+def test_an_edit_inside_a_long_copy_is_followed_and_the_replacement_learned():
+    prop = _proposer(k=8)
+    steps = _replay(prop, PROMPT, RENAMED[3:] + [7])
+    row = prop.rows[0]
+    assert row.subst == {NAME: (900, 901)}  # learned once the copy resumed after it
+    assert prop.learned == 1 and prop.edit_drafts >= 1
+    # the third occurrence is drafted under its new name, inside a longer draft
+    assert any(900 in d and 901 in d and a == len(d) for d, a in steps)
+
+
+def test_the_same_edit_without_following_needs_more_steps():
+    follow = _replay(_proposer(k=8), PROMPT, RENAMED[3:] + [7])
+    plain = _replay(_proposer(k=8, follow_edits=False), PROMPT, RENAMED[3:] + [7])
+    assert len(follow) < len(plain)
+
+
+def test_a_divergence_after_a_short_copy_ends_it_without_a_guess():
+    text = list(range(10, 40))
+    prop, b = _proposer(), Batch(text + text[:5])
+    (d,) = b.step(prop, [[text[5]]])
+    (d,) = b.step(prop, [[d[0], 99]])  # one token accepted: the copy ran < MIN_RUN tokens
+    assert prop.rows[0].src == -1 and prop.rows[0].pending is None and d == []
+
+
+def test_a_guess_that_keeps_failing_gives_the_copy_up():
+    # a long copy, then the model writes tokens that are nowhere in the source
+    output = SOURCE[3:3 + MIN_RUN + 4] + [700, 701, 702, 703, 704, 705]
+    prop = _proposer(k=8)
+    steps = _replay(prop, PROMPT, output)
+    guesses = [d for d, a in steps if d and d[0] not in (700, 701, 702)]
+    assert prop.rows[0].src == -1 and prop.rows[0].pending is None
+    assert prop.edit_drafts == GUESSES and guesses
+
+
+def test_a_learned_replacement_the_model_then_rejects_is_forgotten():
+    prop = _proposer(k=8)
+    # renamed at its first two occurrences, kept at the third
+    out = [w for i, t in enumerate(SOURCE) for w in ((900, 901) if t == NAME and i < 40 else (t,))]
+    _replay(prop, PROMPT, out[3:] + [7])
+    assert prop.learned == 1 and NAME not in prop.rows[0].subst
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=4, max_size=60), st.lists(st.integers(0, 8), min_size=2, max_size=80),
+       st.integers(1, 12))
+def test_drafts_are_bounded_whatever_the_model_writes(prompt, output, k):
+    prop = _proposer(k=k)
+    for d, _ in _replay(prop, prompt, output):
+        assert len(d) <= k and all(isinstance(t, int) for t in d)

@@ -153,10 +153,11 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     return metrics, provenance
 
 
-def wait_for_compile_ahead(timeout_s: float) -> dict[str, Any]:
+def wait_for_compile_ahead(timeout_s: float, cache_root: Path | None = None) -> dict[str, Any]:
     """Wait (unmeasured) until the background compile a first ``omni-vllm serve`` started has exited, so that it
     competes with no later measurement: every process named in a ``*.pid`` file of
-    ``$VLLM_CACHE_ROOT/omni_compile_ahead`` (``omni_platform.compile_ahead``). Returns ``{"waited_s", "pids",
+    ``$VLLM_CACHE_ROOT/omni_compile_ahead`` (``omni_platform.compile_ahead``; ``cache_root`` in place of
+    ``$VLLM_CACHE_ROOT`` when given). Returns ``{"waited_s", "pids",
     "markers"}`` (the configurations compiled so far).
 
     Raises:
@@ -168,7 +169,7 @@ def wait_for_compile_ahead(timeout_s: float) -> dict[str, Any]:
 
     from omni_platform.compile_ahead import marker_dir
 
-    root = marker_dir()
+    root = cache_root / "omni_compile_ahead" if cache_root is not None else marker_dir()
     pids = []
     for f in root.glob("*.pid") if root.is_dir() else ():
         try:

@@ -168,6 +168,14 @@ SETTINGS: dict[str, Setting] = {
             "accepted tokens + 1.",
         ),
         Setting(
+            "OMNI_SPEC_FOLLOW_EDITS",
+            _bool,
+            True,
+            "1: omni's gated prompt lookup (omni_platform.spec_proposer) follows a copied run through an "
+            "edit (a divergence after a long accepted run is taken as a replaced token; the replacement, once "
+            "confirmed, is applied to later drafts); 0: each draft is a fresh suffix lookup.",
+        ),
+        Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",
             _nonneg_int,
             1 << 20,
