@@ -61,7 +61,7 @@ def pytest_report_header(config) -> str:
     """The CPU in front of this run (model, ISA flags, the W4A8 kernel's instruction sets): kernel
     choices differ by machine kind, so a failure read from a CI log must say where it ran."""
     from harness.provenance import collect_cpu
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     cpu = collect_cpu(sorted(os.sched_getaffinity(0)))
     return f"cpu: {cpu['cpu_model']}; flags: {' '.join(cpu['cpu_flags'])}; W4A8 kernel: {native.supported_isas()}"

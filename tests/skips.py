@@ -107,7 +107,7 @@ def _allowed_physical_cores() -> int:
 
 NO_AVX512_VNNI = declare(
     "cpu-no-avx512-vnni", "this CPU has no AVX-512 VNNI (omni's avx512vnni kernels)",
-    # the kernel's own test (ops.cpp supported("avx512vnni")); test_native_kernel checks they agree
+    # the kernel's own test (csrc/isa.cpp supported("avx512vnni")); test_native_kernel checks they agree
     lambda: not {"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"} <= _cpu_flags())
 
 NO_AVX512 = declare(
@@ -122,16 +122,16 @@ NO_AVX512_BF16 = declare(
     lambda: not (_torch_cpu("_is_avx512_supported") and _torch_cpu("_is_avx512_bf16_supported")))
 
 def _no_super_block_kernel() -> bool:
-    from omni_quant import native
-    from omni_quant.config import PER_GROUP_ISAS
+    from omni_quant.kernels import w4a8 as native
+    from omni_quant.runtime.config import PER_GROUP_ISAS
 
     return not native.available() or native.best_isa() in PER_GROUP_ISAS
 
 
 NO_SUPER_BLOCK_KERNEL = declare(
     "cpu-no-super-block-kernel", "this CPU runs super-block layers on a per-group kernel (AVX-VNNI) or none: "
-    "omni_quant.fused_layers never fuses here",
-    # omni_quant.config: a super-block layer is rewritten per group at load on PER_GROUP_ISAS CPUs
+    "omni_quant.runtime.fused_layers never fuses here",
+    # omni_quant.runtime.config: a super-block layer is rewritten per group at load on PER_GROUP_ISAS CPUs
     _no_super_block_kernel)
 
 # ---- CPU count ----------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ MORE_CORES_THAN_FEW = declare(
 # ---- The host's memory settings ---------------------------------------------------------------
 
 def _thp_unusable() -> bool:
-    from omni_quant import huge_pages
+    from omni_quant.runtime import huge_pages
 
     root = Path("/sys/kernel/mm/transparent_hugepage")
     return (huge_pages.thp_mode(root / "enabled") not in ("always", "madvise")
@@ -166,9 +166,9 @@ NO_THP = declare(
 # ---- Not declared: fails under CI ---------------------------------------------------------------
 
 def __getattr__(name: str):
-    # needs_kernel is built on first use: importing omni_quant.native (torch) only for suites that use it
+    # needs_kernel is built on first use: importing omni_quant.kernels.w4a8 (torch) only for suites that use it
     if name == "needs_kernel":
-        from omni_quant import native
+        from omni_quant.kernels import w4a8 as native
 
         return pytest.mark.skipif(not native.available(),
                                   reason=f"omni W4A8 kernel not built: {native.unavailable_reason()}")

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from conftest import clean_env, run_engine
-from omni_quant import super_blocks
-from omni_quant.convert import convert
-from omni_quant.packing import unpack
-from omni_quant.quant_math import dequantize, dequantize_int8, dequantize_int8_groups, sqnr_db
+from omni_quant.conversion.checkpoint import convert
+from omni_quant.format import super_blocks
+from omni_quant.format.packing import unpack
+from omni_quant.format.quant_math import dequantize, dequantize_int8, dequantize_int8_groups, sqnr_db
 
 SMALL = dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2,
              num_hidden_layers=2, vocab_size=512, max_position_embeddings=512, pad_token_id=0, bos_token_id=1,
@@ -36,7 +36,7 @@ ARCHS = {
 }
 RECIPE_CASES = {"q8-qwen2": ("qwen2", "q8"), "q4-head8-llama": ("llama", "q4-head8"),
                 # every linear in super-blocks (K a multiple of 256): the decoder layers run fused (two ops each,
-                # omni_quant.fused_layers), with q/k/v biases (Qwen2) and without (Llama)
+                # omni_quant.runtime.fused_layers), with q/k/v biases (Qwen2) and without (Llama)
                 "fused-qwen2": ("qwen2", "q4k"), "fused-llama": ("llama", "q4k")}
 WIDE = dict(hidden_size=256, intermediate_size=512)  # the fused cases' sizes (head_dim 64)
 # 8-bit layers: every linear of an untied model with q/k/v biases; the head of a tied one (from its embedding)
@@ -173,10 +173,10 @@ def test_8_bit_layers_of_a_recipe_load_and_match_their_reference(name, converted
 @pytest.mark.parametrize("name", ["fused-llama", "fused-qwen2"])
 def test_super_block_layers_run_fused_and_match_their_reference(name, converted):
     """Every linear in super-blocks (--recipe q4k at K = 256 and 512): where the native super-block kernel runs,
-    both decoder layers run omni_quant.fused_layers' two ops in the engine (the worker says so), and the
+    both decoder layers run omni_quant.runtime.fused_layers' two ops in the engine (the worker says so), and the
     teacher-forced log-probabilities match the dequantized reference as the unfused layers do."""
-    from omni_quant import native
-    from omni_quant.config import PER_GROUP_ISAS
+    from omni_quant.kernels import w4a8 as native
+    from omni_quant.runtime.config import PER_GROUP_ISAS
 
     case = converted[name]
     qc = json.loads((case["int4"] / "config.json").read_text())["quantization_config"]

@@ -1,4 +1,4 @@
-"""The output head's input importance (omni_quant.calibration) and the default recipe that uses it."""
+"""The output head's input importance (omni_quant.conversion.calibration) and the default recipe that uses it."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from test_convert import write_checkpoint
 
-from omni_quant.calibration import head_input_importance, linear_input_importance
-from omni_quant.convert import DEFAULT_GROUP_SIZE, convert
+from omni_quant.conversion.calibration import head_input_importance, linear_input_importance
+from omni_quant.conversion.checkpoint import DEFAULT_GROUP_SIZE, convert
 
 
 def test_importance_of_the_real_models_head_input(real_model):
@@ -41,7 +41,7 @@ def test_a_checkpoint_without_tokenizer_converts_with_an_unweighted_head_and_say
 
 def test_a_tensor_shaped_against_its_config_is_refused_and_nothing_is_written(tmp_path):
     """transformers finds the contradiction while building the model for calibration: exit 2 material."""
-    from omni_quant.convert import ConversionError
+    from omni_quant.conversion.output import ConversionError
 
     src = write_checkpoint(tmp_path / "src", extra={"model.norm.weight": torch.ones(127)})  # hidden is 128
     with pytest.raises(ConversionError, match="contradicts config.json"):
@@ -50,7 +50,7 @@ def test_a_tensor_shaped_against_its_config_is_refused_and_nothing_is_written(tm
 
 
 def test_a_weight_holding_nan_is_refused_by_name(tmp_path):
-    from omni_quant.convert import ConversionError
+    from omni_quant.conversion.output import ConversionError
 
     bad = torch.randn(256, 128) * 0.05
     bad[3, 7] = float("nan")

@@ -28,9 +28,9 @@ def setup_py():
 
 
 COMPILER_OUTPUT = (
-    "[1/5] c++ -MMD -c /repo/src/omni_quant/csrc/kernel_scalar.cpp -o kernel_scalar.o -O3\n"
-    "FAILED: kernel_scalar.o\n"
-    "/repo/src/omni_quant/csrc/kernel_scalar.cpp:12:1: error: expected ';' before '}' token\n"
+    "[1/5] c++ -MMD -c /repo/src/omni_quant/csrc/gemm_scalar.cpp -o gemm_scalar.o -O3\n"
+    "FAILED: gemm_scalar.o\n"
+    "/repo/src/omni_quant/csrc/gemm_scalar.cpp:12:1: error: expected ';' before '}' token\n"
     "   12 | }\n"
     "ninja: build stopped: subcommand failed.\n")
 
@@ -64,9 +64,9 @@ def test_a_required_kernel_that_fails_to_build_fails_the_install_naming_the_comp
         setup_py.kernel_build_ext(FailingBuild)().build_extension(None)
     message = str(failed.value)
     assert "Error compiling objects for extension" in message and "OMNI_QUANT_REQUIRE_KERNEL=1" in message
-    assert "kernel_scalar.cpp:12:1: error: expected ';' before '}' token" in message
-    assert "FAILED: kernel_scalar.o" in message
-    assert "FAILED: kernel_scalar.o" in capfd.readouterr().out  # the build's own output is passed on
+    assert "gemm_scalar.cpp:12:1: error: expected ';' before '}' token" in message
+    assert "FAILED: gemm_scalar.o" in message
+    assert "FAILED: gemm_scalar.o" in capfd.readouterr().out  # the build's own output is passed on
 
 
 def test_outside_ci_the_failed_build_falls_back_with_its_log_line(setup_py, monkeypatch, capfd):
@@ -98,8 +98,8 @@ def test_required_without_torch_or_with_the_kernel_switched_off_fails(setup_py, 
 
 def test_the_first_error_lines_of_a_build_log(setup_py):
     assert setup_py.compiler_error_lines(COMPILER_OUTPUT) == [
-        "FAILED: kernel_scalar.o",
-        "/repo/src/omni_quant/csrc/kernel_scalar.cpp:12:1: error: expected ';' before '}' token"]
+        "FAILED: gemm_scalar.o",
+        "/repo/src/omni_quant/csrc/gemm_scalar.cpp:12:1: error: expected ';' before '}' token"]
     assert setup_py.compiler_error_lines("a\nb\nc\n", limit=2) == ["b", "c"]  # no error line: the tail
 
 

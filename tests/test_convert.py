@@ -10,7 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from omni_quant.convert import ConversionError, convert
+from omni_quant.conversion.checkpoint import convert
+from omni_quant.conversion.output import ConversionError
 
 OMNI_QUANT = str(Path(sys.executable).with_name("omni-quant"))
 
@@ -281,12 +282,12 @@ def test_index_inventory(tmp_path, case):
 def test_a_failure_after_start_removes_the_parents_it_made(tmp_path, monkeypatch):
     """A refusal in the middle of the tensors (C08: down_proj's K=100 fits no group size), after
     the output directory exists and tensors were written into it: nothing of ours is left."""
-    from omni_quant import convert as convert_mod
+    from omni_quant.conversion.output import ShardWriter
 
     src = write_checkpoint(tmp_path / "src", inter=100)
     written = []
-    real_add = convert_mod._ShardWriter.add
-    monkeypatch.setattr(convert_mod._ShardWriter, "add", lambda self, name, t: (written.append(name),
+    real_add = ShardWriter.add
+    monkeypatch.setattr(ShardWriter, "add", lambda self, name, t: (written.append(name),
                                                                                  real_add(self, name, t))[1])
     dst = tmp_path / "new" / "dst"
     with pytest.raises(ConversionError, match="down_proj"):
@@ -329,7 +330,7 @@ def test_an_architecture_vllm_does_not_serve_is_named(tmp_path):
 def test_the_loader_reads_the_group_sizes_recorded_per_module():
     """group_size_per_module is read back: a member's size for vLLM's fused layer, a recorded size over
     the preferred one, and members that disagree are refused."""
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     cfg = CpuInt4Config(group_size=128, group_size_per_module={
         "model.layers.0.self_attn.q_proj": 32, "model.layers.0.self_attn.k_proj": 32,
@@ -348,7 +349,7 @@ def test_a_head_transformers_renames_is_found_by_its_checkpoint_name(tmp_path):
     (conversion_mapping.py). The converter works in checkpoint names, and --keep-bf16 lm_head keeps it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from omni_quant.structure import model_structure
+    from omni_quant.conversion.structure import model_structure
 
     cfg = AutoConfig.for_model("gpt_neox", hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                num_hidden_layers=1, vocab_size=256, tie_word_embeddings=False)
@@ -385,7 +386,7 @@ def test_a_partial_output_left_by_a_killed_conversion_is_removed_by_the_next(tmp
     for d in (dead, live, other):
         d.mkdir(parents=True)
         (d / "model-00001.safetensors").write_bytes(b"x")
-    with caplog.at_level("WARNING", logger="omni_quant.convert"):
+    with caplog.at_level("WARNING", logger="omni_quant.conversion.checkpoint"):
         convert(src, out / "dst", recipe="q4")
     assert not dead.exists() and live.exists() and other.exists()
     assert (out / "dst" / "config.json").exists()
@@ -394,7 +395,7 @@ def test_a_partial_output_left_by_a_killed_conversion_is_removed_by_the_next(tmp
 
 def test_ctrl_c_anywhere_in_the_cli_is_one_line(monkeypatch, capsys):
     """Breaker finding: Ctrl-C while the CLI imported torch printed a traceback."""
-    from omni_quant import cli
+    from omni_quant.conversion import cli
 
     def interrupted(argv):
         raise KeyboardInterrupt
@@ -459,7 +460,7 @@ def test_an_exact_all_zero_weight_keeps_the_report_strict_json(tmp_path):
 @pytest.mark.parametrize("name", ["Model.GGUF", "no_suffix"])
 def test_a_gguf_file_is_known_by_its_magic_or_any_case_suffix(tmp_path, name):
     """Breaker finding: ``.GGUF`` in capitals was taken for a checkpoint directory ("not a directory")."""
-    from omni_quant.cli import _is_gguf
+    from omni_quant.conversion.cli import _is_gguf
 
     f = tmp_path / name
     f.write_bytes(b"GGUF" + b"\x00" * 60)
@@ -499,13 +500,13 @@ def test_sigterm_during_a_conversion_removes_the_partial_output(tmp_path):
     ready = tmp_path / "writing"
     script = (
         "import sys, time, pathlib\n"
-        "from omni_quant import cli, convert\n"
-        "real = convert._ShardWriter.add\n"
+        "from omni_quant.conversion import cli, output\n"
+        "real = output.ShardWriter.add\n"
         "def add(self, name, t):\n"
         f"    pathlib.Path({str(ready)!r}).touch()\n"
         "    time.sleep(60)\n"
         "    return real(self, name, t)\n"
-        "convert._ShardWriter.add = add\n"
+        "output.ShardWriter.add = add\n"
         "sys.exit(cli.main(sys.argv[1:]))\n")
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(src), str(out / "dst"), "--recipe", "q4"],

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from omni_quant import super_blocks
-from omni_quant.embedding import TENSORS, dequantize_rows, lookup
-from omni_quant.packing import pack
-from omni_quant.quant_math import quantize, quantize_int8_groups
+from omni_quant.format import super_blocks
+from omni_quant.format.packing import pack
+from omni_quant.format.quant_math import quantize, quantize_int8_groups
+from omni_quant.runtime.embedding import TENSORS, dequantize_rows, lookup
 
 V, D = 300, 512  # D a multiple of 256: every scheme fits
 
@@ -69,7 +69,7 @@ def test_compiled_lookup_is_bit_for_bit_the_eager_one(weights, scheme):
 
 
 def _config(scheme: str, module: str = "model.embed_tokens", fmt: int = 4):
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     return CpuInt4Config(group_size=32, format_version=fmt, embedding_modules=[module],
                          group_size_per_module={module: 32} if scheme != "int8" else {},
@@ -84,7 +84,7 @@ def test_vllm_vocab_parallel_embedding_loads_and_looks_up_the_stored_rows(weight
     vLLM 0.28's Llama builds its embedding. No bf16 table is created."""
     from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-    from omni_quant.embedding import CpuInt4EmbeddingMethod
+    from omni_quant.runtime.embedding import CpuInt4EmbeddingMethod
 
     layer = VocabParallelEmbedding(V, D, params_dtype=torch.bfloat16, quant_config=_config(scheme), prefix=prefix,
                                    disable_tp=True)
@@ -126,7 +126,7 @@ def test_an_older_checkpoint_keeps_a_bf16_embedding():
     """A format 1-3 config (no embedding_modules) builds vLLM's own bf16 table."""
     from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod, VocabParallelEmbedding
 
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     old = CpuInt4Config.from_config({"quant_method": "cpu_int4", "group_size": 32, "format_version": 3,
                                      "super_block_modules": ["lm_head"]})
@@ -160,8 +160,8 @@ def test_gguf_embedding_types_are_kept_or_requantized(tmp_path, kind):
     to bf16); any other type is requantized to 8 bits per group of 32."""
     import gguf
 
-    from omni_quant.convert import ShardWriter
-    from omni_quant.embedding_convert import from_gguf
+    from omni_quant.conversion.embedding import from_gguf
+    from omni_quant.conversion.output import ShardWriter
 
     w = (torch.randn(64, 256, generator=torch.Generator().manual_seed(1)) * 0.05).numpy()
     if kind == "Q4_K":
@@ -184,7 +184,7 @@ def test_gguf_embedding_types_are_kept_or_requantized(tmp_path, kind):
         assert written.sqnr_db is None
         assert torch.equal(got, torch.from_numpy(want).to(torch.bfloat16))
     elif kind in ("Q4_0", "Q4_1"):
-        from omni_quant.gguf_blocks import to_cpu_int4
+        from omni_quant.format.gguf_blocks import to_cpu_int4
 
         codes, _, _ = to_cpu_int4(raw, kind, 64, 256)
         assert np.array_equal(torch.stack((table[0] & 15, table[0] >> 4), -1).reshape(64, 256).numpy(), codes)
@@ -218,7 +218,7 @@ def test_hf_converter_quantizes_the_embedding_by_the_recipe(tiny_tied_llama, tmp
     """The HF path: the recipe's width and layout; --keep-bf16 embed_tokens copies it; a tied head kept in bf16
     keeps the embedding bf16 too (vLLM reads that head from the embedding's table). A tied head that is
     quantized is written beside the quantized table, untied: no bf16 table at all."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     out = tmp_path / "out"
     convert(tiny_tied_llama, out, keep_bf16=keep, recipe=recipe)
@@ -239,20 +239,21 @@ def test_hf_converter_quantizes_the_embedding_by_the_recipe(tiny_tied_llama, tmp
     assert report == {"quantized": True, "module": "model.embed_tokens", "scheme": scheme, "group_size": 32,
                       "bits": 8 if scheme == "int8" else 4, "bytes": report["bytes"]}
     assert "lm_head.qweight" in tensors or "lm_head.qweight8" in tensors  # the head, quantized on its own
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     method = CpuInt4Config.from_config(qc).embedding_method("model.embed_tokens")
     rows = lookup(method.scheme, _stored(tensors, scheme), torch.arange(512), torch.float32)
     from safetensors.torch import load_file
 
     src = load_file(str(tiny_tied_llama / "model.safetensors"))["model.embed_tokens.weight"]
-    from omni_quant.quant_math import sqnr_db
+    from omni_quant.format.quant_math import sqnr_db
 
     assert sqnr_db(src, rows) > (35 if scheme == "int8" else 15)
 
 
 def test_keep_bf16_names_only_real_modules(tiny_tied_llama, tmp_path):
-    from omni_quant.convert import ConversionError, convert
+    from omni_quant.conversion.checkpoint import convert
+    from omni_quant.conversion.output import ConversionError
 
     with pytest.raises(ConversionError, match="embed_token matches no linear layer"):
         convert(tiny_tied_llama, tmp_path / "out", keep_bf16=["embed_token"])

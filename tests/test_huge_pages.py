@@ -1,4 +1,4 @@
-"""omni_quant.huge_pages: weights copied into THP-marked arenas keep their values, and the pages are huge."""
+"""omni_quant.runtime.huge_pages: weights copied into THP-marked arenas keep their values, and the pages are huge."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from omni_quant import huge_pages
+from omni_quant.runtime import huge_pages
 from skips import NO_THP
 
 

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_quant.ops import cpu_int8_linear
-from omni_quant.quant_math import dequantize_int8, quantize_int8, sqnr_db
+from omni_quant.format.quant_math import dequantize_int8, quantize_int8, sqnr_db
+from omni_quant.runtime.torch_int4 import cpu_int8_linear
 
 
 @settings(max_examples=40, deadline=None)

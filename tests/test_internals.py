@@ -60,7 +60,7 @@ def test_a_changed_attention_fingerprint_gives_vllms_backend_and_says_why(monkey
 
 
 def test_a_changed_layer_fingerprint_keeps_vllms_decoder_layers(monkeypatch, fresh_verdicts, caplog):
-    from omni_quant.fused_layers import wanted
+    from omni_quant.runtime.fused_layers import wanted
 
     config = SimpleNamespace(quant_config=SimpleNamespace(get_name=lambda: "cpu_int4"), lora_config=None,
                              parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1))

@@ -8,8 +8,8 @@ import torch
 
 from harness.kernels import matrix as kernel_bench
 from harness.memory.tree import anon_huge_bytes, file_pmd_mapped_bytes
-from omni_quant import native
-from omni_quant.quant_math import quantize
+from omni_quant.format.quant_math import quantize
+from omni_quant.kernels import w4a8 as native
 
 
 def test_real_kernels_pass_and_broken_ones_are_named_with_the_reason():
@@ -140,7 +140,7 @@ def test_huge_share_reads_anon_huge_pages_and_counts_the_placed_copies(tmp_path)
     assert kernel_bench.huge_share(None, 1, [1]) is None and kernel_bench.huge_share(0, 1, []) is None
     placed: list[int] = []
     kernel_bench._kernels(256, 1024, 64, copies=1, huge=True, placed=placed)
-    from omni_quant import huge_pages
+    from omni_quant.runtime import huge_pages
     if huge_pages.thp_mode() in ("always", "madvise"):  # int4pack's codes alone are 128 KiB
         assert placed and min(placed) >= huge_pages.MIN_BYTES
     else:

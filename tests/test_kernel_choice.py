@@ -1,12 +1,13 @@
-"""omni_quant.kernel_choice: the per-layer kernel, from measurement (cached) or the overrides."""
+"""omni_quant.runtime.kernel_choice: the per-layer kernel, from measurement (cached) or the overrides."""
 
 import json
 
 import pytest
 import torch
 
-from omni_quant import kernel_choice, native
-from omni_quant.quant_math import quantize
+from omni_quant.format.quant_math import quantize
+from omni_quant.kernels import w4a8 as native
+from omni_quant.runtime import kernel_choice
 from skips import needs_kernel
 
 
@@ -91,7 +92,7 @@ def test_falls_back_to_int4pack_where_the_kernel_cannot_run(monkeypatch):
         kernel_choice.choose((24, 256), 32, False, m)
     monkeypatch.delenv("OMNI_INT4_KERNEL")
     monkeypatch.setattr(native, "_w4a8", None)  # as if built without the kernel
-    monkeypatch.setattr(native, "_IMPORT_ERROR", "No module named 'omni_quant._w4a8'")
+    monkeypatch.setattr(native, "_IMPORT_ERROR", "No module named 'omni_quant.kernels._w4a8'")
     c = kernel_choice.choose((64, 256), 32, False, m)
     assert c.kernel == "int4pack" and "not built" in c.reason and "_w4a8" in c.reason
 

@@ -44,7 +44,7 @@ def test_no_shipped_module_imports_a_sibling_by_name(pkg):
 def test_the_checker_sees_a_forbidden_import(tmp_path):
     """The rule is not vacuous: a module importing omni_patches from omni_platform is caught."""
     f = tmp_path / "m.py"
-    f.write_text("import os\nfrom omni_patches import apply_all\ndef f():\n    import omni_quant.native\n")
+    f.write_text("import os\nfrom omni_patches import apply_all\ndef f():\n    import omni_quant.kernels.w4a8\n")
     assert [n for _, n in _imports(f)] == ["os", "omni_patches", "omni_quant"]
 
 
@@ -113,3 +113,83 @@ def test_the_harness_checker_sees_an_upward_import(tmp_path):
     f.write_text("from harness.arms import vllm\nfrom harness import RESULTS_DIR, grid\n")
     assert _harness_targets(f) == [(1, "arms"), (2, "root"), (2, "grid")]
     assert _harness_part(HARNESS / "grid" / "m.py") == "grid" and "arms" not in HARNESS_ALLOWED["grid"]
+
+
+QUANT = SRC / "omni_quant" / "omni_quant"
+# omni-quant's parts (docs/architecture.md) -> the parts each may import; "root" is the package's own modules
+# (settings, the extension entry). The runtime never imports the converter; the format and the kernels import
+# nothing else of omni-quant.
+QUANT_ALLOWED = {
+    "root": {"root", "format", "kernels", "runtime", "conversion"},
+    "format": {"format"},
+    "kernels": {"kernels"},
+    "runtime": {"root", "format", "kernels", "runtime"},
+    "conversion": {"root", "format", "conversion"},
+}
+
+
+def _quant_module(path: Path) -> str:
+    parts = list(path.relative_to(QUANT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _quant_part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in QUANT_ALLOWED) else "root"
+
+
+def _quant_graph() -> dict[str, set[str]]:
+    """omni-quant module -> the omni-quant modules it imports, anywhere in its body (functions included)."""
+    modules = {_quant_module(p): p for p in QUANT.rglob("*.py") if "build" not in p.parts}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("omni_quant"):
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            deps |= {t for t in targets if t in modules and t not in (name, "omni_quant")}
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state, found = {}, []
+
+    def visit(node, stack):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                found.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return found
+
+
+def test_omni_quant_parts_import_only_what_the_map_allows():
+    graph = _quant_graph()
+    assert {_quant_part(m) for m in graph} == set(QUANT_ALLOWED), sorted(graph)
+    bad = [f"{m} imports {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)
+           if _quant_part(d) not in QUANT_ALLOWED[_quant_part(m)]]
+    assert not bad, "omni-quant layering broken (docs/architecture.md):\n" + "\n".join(bad)
+
+
+def test_omni_quant_has_no_import_cycle():
+    """Imports inside functions count: a cycle held together by a late import is still a cycle."""
+    assert _cycles(_quant_graph()) == []
+
+
+def test_the_quant_checkers_see_a_runtime_import_of_the_converter_and_a_cycle():
+    """The rules are not vacuous: an arrow from the runtime to the converter, and a two-module cycle, are caught."""
+    assert "conversion" not in QUANT_ALLOWED["runtime"]
+    assert _quant_part("omni_quant.runtime.config") == "runtime" and _quant_part("omni_quant.settings") == "root"
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b", "a"]]

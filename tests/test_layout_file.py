@@ -1,4 +1,5 @@
-"""The layout file (omni_quant.layout_file) and the layout cache's key (omni_quant.layout_cache), no engine:
+"""The layout file (omni_quant.format.layout_file) and the layout cache's key (omni_quant.runtime.layout_cache), no
+engine:
 round trip into a read-only shared mapping, refusal of every kind of wrong file, concurrent writers,
 the checkpoint digest."""
 
@@ -15,8 +16,10 @@ import pytest
 import torch
 from readonly_dir import read_only
 
-from omni_quant import layout_cache, layout_file, native
-from omni_quant.layout_file import LayerEntry, LayoutRefused
+from omni_quant.format import layout_file
+from omni_quant.format.layout_file import LayerEntry, LayoutRefused
+from omni_quant.kernels import w4a8 as native
+from omni_quant.runtime import layout_cache
 
 KEY = {"format": layout_file.FORMAT, "checkpoint_digest": "ab" * 32, "kernel_revision": native.KERNEL_REVISION,
        "isa": "avx2", "shard": {"tp_size": 1, "tp_rank": 0, "pp_size": 1, "pp_rank": 0}}

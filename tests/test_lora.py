@@ -1,7 +1,8 @@
 """C19: LoRA adapters on a cpu_int4 base (base weights stay 4-bit; vLLM adds the adapter's delta).
 
 vLLM's LoRA wrappers look for a tensor named ``weight``/``qweight`` on the layers they wrap; omni exposes the
-repacked weight as ``qweight`` (``omni_quant.config._expose_for_lora``) and ``_patch_lora_on_quantized_embeddings``
+repacked weight as ``qweight`` (``omni_quant.runtime.config._expose_for_lora``) and
+``_patch_lora_on_quantized_embeddings``
 lets vLLM wrap a quantized output head and leave a quantized input embedding alone. On CPU vLLM turns
 compilation off when LoRA is enabled (``CpuPlatform.check_and_update_config``), so the LoRA engine here runs
 without ``enforce_eager`` and is eager either way.

@@ -1,4 +1,4 @@
-"""cpu_int4 weights mapped from a layout file (omni_quant.layout_cache) in real engines on SmolLM2-135M:
+"""cpu_int4 weights mapped from a layout file (omni_quant.runtime.layout_cache) in real engines on SmolLM2-135M:
 the same greedy tokens and prompt log-probabilities as the copied path, eager and compiled; the weights
 are file pages (smaps of the worker); a read-only checkpoint directory, a file of another kernel revision,
 a truncated file and two processes loading at once."""
@@ -14,7 +14,7 @@ import pytest
 from readonly_dir import read_only
 
 from conftest import clean_env, run_engine
-from omni_quant import layout_file
+from omni_quant.format import layout_file
 
 pytestmark = pytest.mark.engine
 
@@ -187,7 +187,7 @@ def test_compiled_mapped_equals_compiled_copied(mapped_dir, first_and_second):
 def test_tensor_parallel_workers_map_one_file_each(tiny_llama, tmp_path):
     """tensor_parallel_size=2: each worker process writes, then maps, the layout file of its own shard; the
     tokens equal one worker's on the copies."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     ckpt = tmp_path / "ckpt"
     convert(tiny_llama, ckpt, group_size=64)  # row-parallel shards of K=128 are 64 wide under TP=2

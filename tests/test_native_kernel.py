@@ -1,4 +1,4 @@
-"""omni_quant.native: omni's W4A8 kernel, every instruction-set path this CPU runs, against the
+"""omni_quant.kernels.w4a8: omni's W4A8 kernel, every instruction-set path this CPU runs, against the
 dequantize-then-matmul reference; the prefill (dequantize + bf16 GEMM) path; the errors; inductor."""
 
 import itertools
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import skips
-from omni_quant import native
-from omni_quant.quant_math import dequantize, quantize, reference_linear, sqnr_db
+from omni_quant.format.quant_math import dequantize, quantize, reference_linear, sqnr_db
+from omni_quant.kernels import w4a8 as native
 
 pytestmark = skips.needs_kernel
 
@@ -252,8 +252,8 @@ def _packed(n, k, g):
 
 @pytest.mark.parametrize("isa", ["auto", "scalar"])
 def test_degenerate_shapes_are_refused_before_any_arithmetic(isa):
-    """K = 0 divided by zero in ops.cpp (SIGFPE killed the process); N = 0, a group size of 0 or one not
-    dividing K are refused as well, each by name, on the GEMM (both row paths) and on dequantization.
+    """K = 0 divided by zero in the linear ops (csrc/linear_ops.cpp; SIGFPE killed the process); N = 0, a group size
+    of 0 or one not dividing K are refused as well, each by name, on the GEMM (both row paths) and on dequantization.
     Reaching the last line proves the process survived."""
     op = torch.ops.omni_quant
     x0 = torch.randn(3, 0, dtype=torch.bfloat16)
@@ -321,14 +321,14 @@ class _Records(logging.Handler):
 
 @pytest.fixture
 def bounds_log(monkeypatch):
-    """The records of logger vllm.omni_quant.batch_rows, with its log-once flag reset."""
+    """The records of logger vllm.omni_quant.runtime.batch_rows, with its log-once flag reset."""
     import vllm.logger  # noqa: F401  (vLLM's logging config resets the handlers of vllm.* loggers: before ours)
 
-    from omni_quant import batch_rows
+    from omni_quant.runtime import batch_rows
 
     monkeypatch.setattr(batch_rows, "_failure_logged", False)
     handler = _Records()
-    logger = logging.getLogger("vllm.omni_quant.batch_rows")
+    logger = logging.getLogger("vllm.omni_quant.runtime.batch_rows")
     logger.addHandler(handler)
     yield handler.records
     logger.removeHandler(handler)
@@ -339,7 +339,7 @@ def test_a_failure_reading_the_steps_sequences_is_logged_once_and_the_rows_are_o
     step), and one warning names the reason, however many calls fail."""
     from vllm.forward_context import override_forward_context
 
-    from omni_quant import batch_rows
+    from omni_quant.runtime import batch_rows
 
     q, s, z, gen = _layer(48, 256, 64, 7)
     w, sz = native.repack(q, s, z)
@@ -360,9 +360,9 @@ def test_a_failure_reading_the_steps_sequences_is_logged_once_and_the_rows_are_o
 
 
 def test_a_malformed_answer_to_the_kernel_is_logged_once_too(monkeypatch, bounds_log):
-    """What ops.cpp itself caught and dropped before: an exception from batch_rows.sequence_bounds, or an
-    answer that is not a tuple of bounds 0..rows."""
-    from omni_quant import batch_rows
+    """What the linear ops (csrc/linear_ops.cpp) caught and dropped before: an exception from
+    batch_rows.sequence_bounds, or an answer that is not a tuple of bounds 0..rows."""
+    from omni_quant.runtime import batch_rows
 
     q, s, z, gen = _layer(48, 256, 64, 7)
     w, sz = native.repack(q, s, z)

@@ -9,7 +9,7 @@ import pytest
 from harness import provenance
 from harness.kernels import matrix as kernel_bench
 from harness.kernels import pages as page_bench
-from omni_quant import native
+from omni_quant.kernels import w4a8 as native
 from skips import needs_kernel
 
 pytestmark = needs_kernel

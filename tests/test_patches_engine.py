@@ -81,7 +81,7 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
     """vLLM's default compiled mode (the point of this test) on the tiny model converted to
     cpu_int4, so that the custom op is traced, saved and loaded too: cold, warm without the
     patch, warm with it."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     model = tmp_path / "tiny-int4"
     convert(tiny_llama, model, group_size=64)

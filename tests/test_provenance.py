@@ -60,7 +60,7 @@ def test_kernel_matrix_artifact_carries_the_provenance(tmp_path):
         matrix.SHAPES.update(old)
     art = json.loads(out.read_text())
     _full(art["provenance"])
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     assert art["provenance"]["kernel_revision"] == native.KERNEL_REVISION and art["results"]
 

@@ -48,7 +48,7 @@ def test_c05_registration_reaches_engine_core_and_worker(int4_run):
 def test_the_kernel_chosen_at_load_is_logged_and_runs(int4_run):
     """omni's W4A8 kernel wherever it was built (this test process's install is the engine's), on every
     layer of SmolLM2 (all its shapes fit it); under CI it must have been built."""
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     (worker,) = int4_run["workers"]
     report = worker["extension_reports"]["quant"]
@@ -115,7 +115,7 @@ def test_fidelity_against_bf16(real_model, int4_model_dir):
 
 @pytest.mark.two_cores
 def test_tp2_equals_tp1_on_a_converted_tiny_model(tiny_llama, tmp_path_factory):
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     dst = tmp_path_factory.mktemp("tiny-int4") / "ckpt"
     convert(tiny_llama, dst, group_size=64)  # row-parallel shards of K=128 are 64 wide under TP=2
@@ -136,7 +136,7 @@ def test_tp2_equals_tp1_on_a_converted_tiny_model(tiny_llama, tmp_path_factory):
 def q4k_model_dir(real_model, tmp_path_factory):
     """SmolLM2-135M (bf16) converted with --recipe q4k: down_proj (K = 1536) in super-blocks, the layers of
     K = 576 per group of 32 (576 is no multiple of 256): both schemes in one real model."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     dst = tmp_path_factory.mktemp("smollm2-q4k") / "ckpt"
     convert(real_model, dst, recipe="q4k")
@@ -153,7 +153,7 @@ def test_super_blocks_serve_a_real_model_batched_equal_to_alone(q4k_model_dir, i
     config = {"llm": {"model": str(q4k_model_dir), "enforce_eager": True, "max_num_seqs": 8, "max_model_len": 512},
               "prompts": PROMPTS, "max_tokens": 32, "also_alone": True}
     run = run_engine(config, clean_env(VLLM_PLUGINS="omni", OMNI_INT4_DEQUANT_MIN_ROWS="6"))
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     if native.available():
         assert f"[576 x 1536] super-blocks of 256: omni W4A8 kernel ({native.super_block_isa()})" in run.log

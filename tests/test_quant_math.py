@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from omni_quant.packing import pack, unpack
-from omni_quant.quant_math import (
+from omni_quant.format.packing import pack, unpack
+from omni_quant.format.quant_math import (
     GROUP_SIZES,
     GroupSizeError,
     choose_group_size,
@@ -154,7 +154,7 @@ def test_importance_of_the_wrong_shape_or_negative_is_refused():
 
 def test_rows_fitted_in_blocks_give_the_same_codes_as_one_fit(monkeypatch):
     """quantize() bounds its temporaries by fitting ROW_BLOCK rows at a time: rows are independent."""
-    import omni_quant.quant_math as qm
+    import omni_quant.format.quant_math as qm
 
     w = torch.randn(10, 64, generator=torch.Generator().manual_seed(3))
     imp = torch.rand(64, generator=torch.Generator().manual_seed(4))

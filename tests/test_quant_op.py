@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from omni_quant.ops import cpu_int4_linear
-from omni_quant.quant_math import quantize, reference_linear, sqnr_db
+from omni_quant.format.quant_math import quantize, reference_linear, sqnr_db
+from omni_quant.runtime.torch_int4 import cpu_int4_linear
 
 
 def _packed(n, k, g, dtype):

@@ -5,9 +5,10 @@ import json
 import pytest
 from test_convert import write_checkpoint
 
-from omni_quant.cli import main
-from omni_quant.convert import ConversionError, convert
-from omni_quant.recipes import RECIPES
+from omni_quant.conversion.checkpoint import convert
+from omni_quant.conversion.cli import main
+from omni_quant.conversion.output import ConversionError
+from omni_quant.conversion.recipes import RECIPES
 
 LINEARS = 7  # q, k, v, o, gate, up, down of the one layer write_checkpoint makes
 
@@ -83,7 +84,7 @@ def test_the_cli_takes_a_recipe_and_refuses_one_for_a_gguf_file(tmp_path, capsys
 
 
 def test_the_loader_reads_widths_and_refuses_fused_members_of_different_widths():
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     cfg = CpuInt4Config.from_config({"group_size": 32, "format_version": 2,
                                      "bits_per_module": {"lm_head": 8, "model.layers.0.self_attn.q_proj": 8}})

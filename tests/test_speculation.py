@@ -40,7 +40,7 @@ VLLM_METHOD = {"gated": "custom_class"}  # what vLLM's config calls omni's gated
 @pytest.fixture(scope="session")
 def tiny_int4(tiny_llama, tmp_path_factory):
     """The tiny Llama in cpu_int4 with the q4k recipe: down_proj (K = 256) in super-blocks, the rest per group."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     dst = tmp_path_factory.mktemp("tiny-q4k") / "ckpt"
     convert(tiny_llama, dst, recipe="q4k")
@@ -112,7 +112,7 @@ def test_speculation_gives_the_plain_tokens_compiled(int4_model_dir, real_model,
 
 
 def test_a_draft_models_layers_find_their_checkpoint_names():
-    from omni_quant.config import CpuInt4Config
+    from omni_quant.runtime.config import CpuInt4Config
 
     cfg = CpuInt4Config.from_config({
         "quant_method": "cpu_int4", "bits": 4, "group_size": 32, "pack_format": "nibbles_low_first",

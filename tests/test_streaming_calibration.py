@@ -1,4 +1,4 @@
-"""Calibration one decoder layer at a time (omni_quant.streaming, issue 31 item 7): the same E[x^2] as a
+"""Calibration one decoder layer at a time (omni_quant.conversion.streaming, issue 31 item 7): the same E[x^2] as a
 whole-model transformers forward, with at most one decoder layer's weights materialized at once; the
 GGUF source reads what transformers' own GGUF loading reads; a converted SmolLM2 serves in vLLM."""
 
@@ -14,7 +14,7 @@ from test_architectures import ARCHS, SMALL
 from test_convert import write_checkpoint
 
 from conftest import clean_env, run_engine
-from omni_quant.calibration import CALIBRATION_TEXT, linear_input_importance
+from omni_quant.conversion.calibration import CALIBRATION_TEXT, linear_input_importance
 
 
 def _with_tokenizer(ckpt: Path, real_model: Path) -> Path:
@@ -32,7 +32,7 @@ def _reference(src: Path, gguf_file: str | None = None) -> dict[str, torch.Tenso
     names (GPT-NeoX's head is ``embed_out`` there)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    from omni_quant.structure import checkpoint_names
+    from omni_quant.conversion.structure import checkpoint_names
 
     extra = {"gguf_file": gguf_file, "quantization_config": GgufConfig(gguf_file=gguf_file, dequantize=True)} \
         if gguf_file else {}
@@ -140,7 +140,7 @@ def test_at_most_one_decoder_layer_is_materialized_at_once(tmp_path, real_model)
 
 
 def test_a_norm_shaped_against_its_config_is_named_before_any_weight_is_read(tmp_path):
-    from omni_quant.calibration import CalibrationError
+    from omni_quant.conversion.calibration import CalibrationError
 
     src = write_checkpoint(tmp_path / "src", extra={"model.norm.weight": torch.ones(127)})  # hidden is 128
     with pytest.raises(CalibrationError, match=r"model\.norm\.weight: stored shape \(127,\).*\(128,\).*contradicts"):
@@ -155,8 +155,8 @@ def test_the_gguf_source_gives_what_transformers_gguf_loading_gives(real_model):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from harness.models.registry import gguf_path
-    from omni_quant.gguf_convert import _name_map
-    from omni_quant.tensor_sources import GgufSource
+    from omni_quant.conversion.gguf_reading import name_map as _name_map
+    from omni_quant.conversion.tensor_sources import GgufSource
 
     path = gguf_path("smollm2-135m")
     cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -181,7 +181,7 @@ def test_the_gguf_source_gives_what_transformers_gguf_loading_gives(real_model):
 def test_smollm2_converted_with_layerwise_calibration_serves_like_bf16(tmp_path, real_model):
     """End to end: `convert` of the real SmolLM2-135M calibrates one layer at a time (its report says so),
     and the 4-bit result, in a real vLLM engine, starts its greedy answers as the bf16 model does."""
-    from omni_quant.convert import convert
+    from omni_quant.conversion.checkpoint import convert
 
     dst = tmp_path / "int4"
     convert(real_model, dst)
@@ -200,8 +200,8 @@ def test_smollm2_converted_with_layerwise_calibration_serves_like_bf16(tmp_path,
 def test_sqnr_by_rows_equals_one_float64_sum(monkeypatch):
     """The converter's SQNR is summed a few rows at a time (a 7B head in float64 would be 4.4 GB); the value
     is the one a single float64 sum gives, across chunk boundaries and with the approximation made per chunk."""
-    from omni_quant import quant_math
-    from omni_quant.quant_math import dequantize, quantize, sqnr_db, sqnr_db_rows
+    from omni_quant.format import quant_math
+    from omni_quant.format.quant_math import dequantize, quantize, sqnr_db, sqnr_db_rows
 
     monkeypatch.setattr(quant_math, "SQNR_CHUNK_ELEMENTS", 3 * 64 + 5)  # 3 rows a chunk, 37 rows: a short last one
     w = torch.randn(37, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
@@ -246,7 +246,7 @@ def test_an_untied_gguf_converts_to_at_most_its_size_plus_5_percent(tmp_path):
     from gguf_files import fewer_layers
 
     from harness.models.registry import gguf_path
-    from omni_quant.gguf_convert import convert_gguf
+    from omni_quant.conversion.gguf_file import convert_gguf
 
     src = _untied(fewer_layers(gguf_path("smollm2-135m"), tmp_path / "four.gguf", 4), tmp_path / "untied.gguf")
     dst = tmp_path / "int4"
@@ -265,7 +265,7 @@ def test_dequantizing_a_few_rows_at_a_time_gives_the_gguf_packages_values(monkey
     from gguf import GGUFReader, dequantize
 
     from harness.models.registry import gguf_path
-    from omni_quant import tensor_sources
+    from omni_quant.conversion import tensor_sources
 
     t = next(x for x in GGUFReader(str(gguf_path("smollm2-135m"))).tensors if x.name == "blk.2.ffn_down.weight")
     assert t.tensor_type.name == "Q4_1" and np.asarray(t.data).shape[0] == 576
@@ -278,14 +278,15 @@ def test_dequantizing_a_few_rows_at_a_time_gives_the_gguf_packages_values(monkey
 def test_super_blocks_fitted_by_blocks_of_rows_equal_one_fit(tmp_path, monkeypatch):
     """write_quantized_super_blocks fits ROW_BLOCK rows at a time (a 151936-row head in one fit held 5 GB of
     float32 temporaries): rows are independent, so the stored tensors are the one-fit ones."""
-    from omni_quant import convert, super_blocks
-    from omni_quant.packing import pack
+    from omni_quant.conversion import output
+    from omni_quant.format import super_blocks
+    from omni_quant.format.packing import pack
 
-    monkeypatch.setattr(convert, "ROW_BLOCK", 64)  # 300 rows: five blocks, the last of 44
+    monkeypatch.setattr(output, "ROW_BLOCK", 64)  # 300 rows: five blocks, the last of 44
     w = (torch.randn(300, 512, generator=torch.Generator().manual_seed(3)) * 0.02).to(torch.bfloat16)
     imp = torch.rand(512, generator=torch.Generator().manual_seed(4))
-    writer = convert.ShardWriter(tmp_path)
-    db, _ = convert.write_quantized_super_blocks(writer, "m", w, imp)
+    writer = output.ShardWriter(tmp_path)
+    db, _ = output.write_quantized_super_blocks(writer, "m", w, imp)
     whole = super_blocks.quantize(w, imp)
     want = (pack(whole[0]), *whole[1:])
     for name, t in zip(super_blocks.TENSORS, want, strict=True):

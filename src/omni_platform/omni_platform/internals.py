@@ -7,7 +7,7 @@ classmethods, custom ops. Three features go further and depend on code vLLM does
 - ``attention_one_op`` (:mod:`omni_platform.attention`): subclasses ``CPUAttentionBackendImpl``, mirrors its
   ``forward`` and ``do_kv_cache_update``, calls the ``_C`` kernels with their positional arguments and reads
   the layer's private ``_k_scale_float``/``_v_scale_float``;
-- ``fused_decoder_layers`` (``omni_quant.fused_layers``): replaces the ``forward`` of vLLM's Qwen2 and Llama
+- ``fused_decoder_layers`` (``omni_quant.runtime.fused_layers``): replaces the ``forward`` of vLLM's Qwen2 and Llama
   decoder layers with two ops that compute what the replaced code computes, reading the parts' attributes;
 - ``gated_proposer`` (:mod:`omni_platform.spec_proposer`, the speculation default): vLLM's ``custom_class``
   proposer hook, which vLLM 0.28 marks experimental (its call signature lives in the model runner).
@@ -126,7 +126,7 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
         "set_default_quant_scales) and the forward context's slot_mapping, and calls both _C kernels with "
         "positional arguments"),
     Internal(
-        "fused_decoder_layers", "omni_quant.fused_layers", "vLLM's decoder layers", "OMNI_FUSED_LAYERS=0",
+        "fused_decoder_layers", "omni_quant.runtime.fused_layers", "vLLM's decoder layers", "OMNI_FUSED_LAYERS=0",
         {
             "vllm.model_executor.models.qwen2:Qwen2DecoderLayer.forward":
                 "ed1f90a51dab0fe341eb12d01a3c8658144d1f46423e0528682048829fd45f1e",

@@ -243,7 +243,7 @@ class OmniPlatform(CpuPlatform):
         region (the CPU worker's thread binding). The server's front end started from the command
         line runs none before it forks: vLLM's CLI and omni's hooks run no torch op there
         (``torch.set_num_threads`` only sets the count), and ``omni-vllm serve FILE.gguf`` converts in
-        a child interpreter (``omni_quant.gguf_cache``). So the fork is the default there and only
+        a child interpreter (``omni_quant.conversion.gguf_cache``). So the fork is the default there and only
         there (:func:`_launched_as_openai_server`): a user's own process that builds an engine may have
         run one. The mp layout (several workers) keeps spawn. ``user_set``: the user's environment named
         a start method (:func:`_user_set_at_launch`).

@@ -8,7 +8,7 @@ namespace omni_w4a8 {
 // Output channels per block: one 512-bit vector of int32 lanes (two 256-bit vectors on AVX2).
 constexpr int64_t kBlockN = 16;
 
-// Everything a kernel call needs. Layouts (see omni_quant/native.py):
+// Everything a kernel call needs. Layouts (see omni_quant/kernels/w4a8.py):
 //   w     uint8 [N/16, K/8, 16, 4]: byte i of lane n in chunk c holds the 4-bit codes of input
 //         channels 8c+i (low nibble) and 8c+4+i (high nibble), codes 0..15, w = (q - 8) * s + z.
 //   sz    uint16 (bf16 bits) [N/16, G, 2, 16]: per group the 16 scales, then the 16 float zeros.
@@ -42,7 +42,7 @@ struct QuantArgs {
   int16_t* bsum;  // or null; super-block layout: int sum of xq per (row, sub-block of 32)
 };
 
-// Super-block layout (Q4_K's arrangement; omni_quant/native.py repack_super_block): per output
+// Super-block layout (Q4_K's arrangement; omni_quant/kernels/w4a8.py repack_super_block): per output
 // channel and super-block of 256 input channels, w = d * sc_j * q - dmin * m_j for sub-block j of 32
 // (codes q 0..15, 6-bit integer sc_j and m_j, fp16 d and dmin). Per block of 16 output channels
 // and super-block, kSbBytes bytes:
@@ -105,7 +105,7 @@ void dequantize_sb_avx512(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_avx2(const SbDequantArgs& d, int64_t b0, int64_t b1);
 void dequantize_sb_scalar(const SbDequantArgs& d, int64_t b0, int64_t b1);
 
-// Row kernels of the fused decoder-layer ops (layer_ops.cpp), bf16 bits in and out, one row of n:
+// Row kernels of the fused decoder-layer ops (fused_layer_ops.cpp), bf16 bits in and out, one row of n:
 //   add_rms_row:  s = x (+ r) in float; res_out = bf16(s) (x itself without r);
 //                 out = bf16(bf16(s / sqrt(mean(s^2) + eps)) * w)   (vLLM's fused add + RMSNorm)
 //   silu_mul_row: out = bf16(g / (1 + exp(-g)) * u)                  (vLLM's SiLU-and-mul)

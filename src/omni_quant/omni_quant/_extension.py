@@ -20,11 +20,11 @@ __all__ = ["extension", "register", "report"]
 
 def register() -> None:
     """Register the ``cpu_int4`` quantization config, and the architectures whose decoder layers
-    :mod:`omni_quant.fused_layers` fuses under cpu_int4."""
+    :mod:`omni_quant.runtime.fused_layers` fuses under cpu_int4."""
     from vllm.model_executor.layers.quantization import register_quantization_config
 
-    from omni_quant import fused_layers
-    from omni_quant.config import QUANT_METHOD, CpuInt4Config
+    from omni_quant.runtime import fused_layers
+    from omni_quant.runtime.config import QUANT_METHOD, CpuInt4Config
 
     register_quantization_config(QUANT_METHOD)(CpuInt4Config)
     fused_layers.register()
@@ -34,10 +34,11 @@ def report(worker: Any = None) -> dict[str, Any]:
     """``method``, the W4A8 kernel this CPU runs (``native_isa``, or why it is missing); inside a
     worker also ``layers`` (cpu_int4 layers per kernel: native or int4pack), ``head`` (the
     output head's kernel, None when the head is not cpu_int4), ``fused_layers`` (decoder layers run as
-    two ops, :mod:`omni_quant.fused_layers`) and ``embedding`` (the quantized input
+    two ops, :mod:`omni_quant.runtime.fused_layers`) and ``embedding`` (the quantized input
     embedding's scheme, resident bytes and tensors' dtypes and shapes; None when it is bf16)."""
-    from omni_quant import fused_layers, layout_cache, native
-    from omni_quant.config import QUANT_METHOD
+    from omni_quant.kernels import w4a8 as native
+    from omni_quant.runtime import fused_layers, layout_cache
+    from omni_quant.runtime.config import QUANT_METHOD
 
     out: dict[str, Any] = {"method": QUANT_METHOD, "native_isa": native.best_isa(),
                            "native_unavailable": native.unavailable_reason()}
@@ -49,7 +50,7 @@ def report(worker: Any = None) -> dict[str, Any]:
     out["layers"] = dict(kernels)
     head = getattr(model, "lm_head", None)
     out["head"] = getattr(head, "cpu_int4_kernel", None)
-    # ``fused_layers``: decoder layers that run omni_quant.fused_layers' two ops (0: vLLM's layers everywhere)
+    # ``fused_layers``: decoder layers that run omni_quant.runtime.fused_layers' two ops (0: vLLM's layers everywhere)
     out["fused_layers"] = sum(fused_layers.is_fused(m) for m in model.modules())
     # ``layout``: layers mapped from a layout file, written to one, or copied (and why); its resident pages
     out["layout"] = layout_cache.report()
@@ -65,7 +66,7 @@ def report(worker: Any = None) -> dict[str, Any]:
 
 def extension() -> Extension:
     """omni-quant as an omni extension."""
-    from omni_quant.gguf_cache import resolve_model
+    from omni_quant.conversion.gguf_cache import resolve_model
 
     return Extension(name="quant", distribution="omni-quant", activate=register, report=report, settings=SETTINGS,
                      resolve_model=resolve_model)

@@ -2,7 +2,7 @@
 
 With ``enable_lora`` vLLM 0.28 wraps every supported module, whatever the adapter targets
 (``LoRAModelManager._create_lora_modules``, ``vllm/lora/model_manager.py``), and two of its wrappers read the
-base layer's ``weight``, which a cpu_int4 checkpoint does not have (``omni_quant.embedding`` stores the input
+base layer's ``weight``, which a cpu_int4 checkpoint does not have (``omni_quant.runtime.embedding`` stores the input
 embedding 8- or 4-bit, the output head is a 4- or 8-bit linear). Start-up died with ``AttributeError:
 'VocabParallelEmbedding' object has no attribute 'weight'`` and then the same for ``ParallelLMHead`` (C19):
 
