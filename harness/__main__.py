@@ -6,7 +6,7 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 (harness.kernels.pages), ``demo`` (harness.demo), ``bpw`` (harness.models.bpw), ``startup``
 (harness.startup.run), ``paired`` (harness.paired.run: servers taking turns, judged by paired ratios),
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
-``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-llamacpp-server``, ``run-load``,
+``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-load``,
 ``run-load-openvino`` and ``run-soak`` (servers under load), ``run-kv-residency`` (a server's memory around a
 long request).
 """
@@ -35,7 +35,6 @@ COMMANDS = {
     "run-openvino": "harness.arms.openvino",
     "run-spec": "harness.arms.speculate",
     "run-llama-server": "harness.arms.llama_server",
-    "run-llamacpp-server": "harness.arms.llamacpp_server",
     "run-load": "harness.load.sweep",
     "run-load-openvino": "harness.load.openvino_cb",
     "run-soak": "harness.load.soak",

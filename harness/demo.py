@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from harness.models.registry import REPO_ROOT, fetch
-from harness.server_process import free_port, stop_group, wait_healthy
+from harness.server_process import Server
 
 __all__ = ["main"]
 
@@ -43,25 +42,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     model_dir = fetch(args.model)
-    port = free_port()
     log = REPO_ROOT / ".cache" / "demo-server.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        str(Path(sys.executable).with_name("omni-vllm")), "serve", str(model_dir),
-        "--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
-        "--max-model-len", "2048", *args.server_arg,
-    ]
-    env = {**os.environ, "VLLM_PLUGINS": "omni"}
-    print(f"$ VLLM_PLUGINS=omni {' '.join(cmd)}\n  (server log: {log})", flush=True)
-    launched = time.monotonic()
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, env=env, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        ready = wait_healthy(proc, f"http://127.0.0.1:{port}/health", args.timeout, log)
-        startup_s = ready - launched
+
+    def cmd(port: int) -> list[str]:
+        return [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(model_dir),
+                "--served-model-name", args.model, "--host", "127.0.0.1", "--port", str(port),
+                "--max-model-len", "2048", *args.server_arg]
+
+    server = Server.start(cmd, log, env={**os.environ, "VLLM_PLUGINS": "omni"}, timeout_s=None)
+    print(f"$ VLLM_PLUGINS=omni {' '.join(server.command)}\n  (server log: {log})", flush=True)
+    with server:
+        server.wait_healthy(args.timeout)
+        startup_s = time.perf_counter() - server.launched
         from openai import OpenAI
 
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        client = OpenAI(base_url=server.base + "/v1", api_key="unused")
         stream = client.chat.completions.create(
             model=args.model,
             messages=[{"role": "user", "content": args.prompt}],
@@ -81,8 +76,6 @@ def main(argv: list[str] | None = None) -> int:
                 pieces.append(chunk.choices[0].delta.content)
             if chunk.usage is not None:
                 completion_tokens = chunk.usage.completion_tokens
-    finally:
-        stop_group(proc)
     server_log = log.read_text(errors="replace")
     platform_ok = "Platform plugin omni is activated" in server_log
     print("\n--- reply ---")

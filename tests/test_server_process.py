@@ -80,3 +80,36 @@ def test_a_group_that_ignores_sigterm_is_killed_after_the_grace(tmp_path):
     assert proc.returncode == -9 and _group_gone(proc.pid)
     text = log.read_text()
     assert "parent got SIGTERM" in text and "child got SIGTERM" in text  # the group signal reached both
+
+
+def _stub(port: int) -> list[str]:
+    return [sys.executable, "-m", "harness.paired.stub_server", "--port", str(port), "--token-ms", "1"]
+
+
+def test_the_server_handle_starts_waits_streams_and_stops(tmp_path):
+    """:class:`Server`: a free port, the launch clock before the process exists, ``/health`` waited for, a streamed
+    request's arrival times and usage, the group stopped on leaving the ``with``."""
+    from harness.server_process import Server, post_json, stream_times
+
+    t0 = time.perf_counter()
+    with Server.start(_stub, tmp_path / "stub.log", timeout_s=60) as server:
+        assert t0 <= server.launched < time.perf_counter() and server.healthy_unix is not None
+        assert server.base == f"http://127.0.0.1:{server.port}" and server.command[-3:] == [str(server.port),
+                                                                                          "--token-ms", "1"]
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+        times, usage = stream_times(server.base + "/v1/chat/completions", body)
+        assert len(times) == 5 and times == sorted(times) and usage["completion_tokens"] == 5
+        assert post_json(server.base + "/v1/chat/completions", body)["usage"]["completion_tokens"] == 5
+        pgid = server.proc.pid
+    assert server.proc.returncode is not None and _group_gone(pgid)
+
+
+def test_a_server_that_exits_at_start_is_reported_with_its_log(tmp_path):
+    import pytest
+
+    from harness.server_process import Server
+
+    with pytest.raises(RuntimeError, match="exited with status 3") as e:
+        Server.start([sys.executable, "-c", "import sys; print('bad flag --x'); sys.exit(3)"], tmp_path / "x.log",
+                     timeout_s=30)
+    assert "bad flag --x" in str(e.value)  # the log's tail names the cause

@@ -1,7 +1,7 @@
 """The OpenAI-server side of ``python -m harness run-vllm --server``: measured from the client, streamed.
 
-Launches ``omni-vllm serve MODEL`` (vLLM's own ``vllm serve`` command line) on a free
-loopback port in a new session, waits for ``/health``, and measures what a client sees:
+Launches ``omni-vllm serve MODEL`` (vLLM's own ``vllm serve`` command line) as a
+:class:`harness.server_process.Server`, waits for ``/health``, and measures what a client sees:
 
 - ``start_cold_s`` / ``start_warm_s``: launch (``Popen``) to the first streamed token of
   the first request, in seconds;
@@ -19,15 +19,12 @@ happens. Prompts are fixed token ids (the same as ``harness.arms.vllm``'s).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
-import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from harness.server_process import Server, concurrent_seconds, post_json, stream_times
 
 __all__ = ["measure_server", "serve_command"]
 
@@ -35,30 +32,14 @@ MiB = 1 << 20
 
 
 def _post(base: str, body: dict[str, Any], timeout_s: float = 600) -> dict[str, Any]:
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        return json.loads(r.read())
+    return post_json(base + "/v1/completions", body, timeout_s)
 
 
 def _stream(base: str, body: dict[str, Any], timeout_s: float = 600) -> tuple[list[float], int]:
     """Stream a completion; return the arrival time of each chunk with text and the completion tokens."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    times: list[float] = []
-    tokens = 0
-    with urllib.request.urlopen(req, timeout=timeout_s) as r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                times.append(time.perf_counter())
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return times, tokens
+    times, usage = stream_times(base + "/v1/completions", {**body, "stream_options": {"include_usage": True}},
+                                timeout_s)
+    return times, (usage or {}).get("completion_tokens", 0)
 
 
 def serve_command(model: str, port: int, args: Any) -> list[str]:
@@ -83,21 +64,14 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     from harness.arms.start import metric_name
     from harness.memory.peak import TreePeak
     from harness.memory.tree import tree_memory, tree_metrics
-    from harness.server_process import free_port, stop_group, wait_healthy
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = serve_command(model, port, args)
     greedy = {"model": "m", "temperature": 0.0, "ignore_eos": True}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    launched = time.perf_counter()
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server.start(lambda port: serve_command(model, port, args), log, timeout_s=None)
+    base, cmd, proc = server.base, server.command, server.proc
     peak = TreePeak(proc.pid).start()
     try:
-        wait_healthy(proc, base + "/health", args.server_timeout, log)
+        server.wait_healthy(args.server_timeout)
         first, _ = _stream(base, {**greedy, "prompt": prompt(8, 99), "max_tokens": 4})
-        start_s = first[0] - launched
+        start_s = first[0] - server.launched
         tree_ready = tree_memory(proc.pid, pss=True)
         peak.stop()
         t = time.perf_counter()
@@ -108,27 +82,15 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         assert n == args.gen_len and len(times) >= 2, (n, len(times))
         tg = (n - 1) / (times[-1] - times[0])
         results: list[int] = [0] * args.concurrency
-        errors: list[BaseException] = []
 
         def one(i: int) -> None:
-            try:
-                results[i] = _stream(base, {**greedy, "prompt": prompt(args.context_len, 10 + i),
-                                            "max_tokens": args.gen_len})[1]
-            except BaseException as e:  # noqa: BLE001 - re-raised below in the main thread
-                errors.append(e)
+            body = {**greedy, "prompt": prompt(args.context_len, 10 + i), "max_tokens": args.gen_len}
+            results[i] = _stream(base, body)[1]
 
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(args.concurrency)]
-        t = time.perf_counter()
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        agg_s = time.perf_counter() - t
-        if errors:
-            raise errors[0]
+        agg_s = concurrent_seconds(one, args.concurrency)
         assert all(r == args.gen_len for r in results), results
     finally:
-        stop_group(proc)
+        server.stop()
     compile_ahead = wait_for_compile_ahead(args.server_timeout)
     metrics = {
         "pp_tps": args.prompt_len / pp_s,

@@ -14,7 +14,7 @@ Metrics (units in harness/grid/metrics.py):
   and first token subtracted (tg128 with the default). The two requests have different contexts of
   the same length, so neither reuses the other's prefix cache.
 - ``tg_gemv_ms`` and ``tg_host_ms`` (omni-quant's W4A8 layers only): of tg's T(gen_len) - T(1), the wall
-  time inside the W4A8 GEMVs (``omni_quant.native.linear_clock`` in the worker) and the rest, each per
+  time inside the W4A8 GEMVs (``omni_quant.kernels.w4a8.linear_clock`` in the worker) and the rest, each per
   decode token, ms. The GEMVs follow the host's memory bandwidth; the rest (vLLM's Python, the compiled
   graph's small kernels, attention, sampling) does not, so it separates host-work changes that
   ``tg_tps`` cannot on a host whose bandwidth swings between passes.
@@ -73,9 +73,9 @@ def _checkpoint_quant_method(model: str) -> str | None:
 
 def linear_clock(worker: Any = None) -> tuple[int, int]:
     """Inside a worker (through ``collective_rpc``): omni-quant's W4A8 linear clock, ``(ns, calls)``
-    (``omni_quant.native.linear_clock``); ``(0, 0)`` where omni-quant is not installed."""
+    (``omni_quant.kernels.w4a8.linear_clock``); ``(0, 0)`` where omni-quant is not installed."""
     try:
-        from omni_quant import native
+        from omni_quant.kernels import w4a8 as native
     except ImportError:
         return (0, 0)
     return native.linear_clock()

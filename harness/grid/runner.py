@@ -14,7 +14,6 @@ import json
 import math
 import os
 import re
-import signal
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 __all__ = ["PassResult", "run_pass"]
 
 from harness import REPO
+from harness.server_process import stop_group
 
 TAIL_LINES = 30
 
@@ -72,34 +72,6 @@ def first_error(path: str, limit: int = 300) -> str | None:
     return None
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any non-zombie process is still in process group ``pgid``."""
-    import psutil
-
-    for p in psutil.process_iter(["status"]):
-        try:
-            if os.getpgid(p.pid) == pgid and p.info["status"] != psutil.STATUS_ZOMBIE:
-                return True
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return False
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM, then SIGKILL after 5 s, every process of the group ``proc`` leads."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            proc.poll()  # reap the leader so that it does not count as alive
-            if not _group_alive(proc.pid):
-                return
-            time.sleep(0.1)
-
-
 def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int], timeout_s: float,
              pass_index: int, position: int) -> PassResult:
     """Run ``command`` once and parse its last stdout line as the metrics JSON.
@@ -121,13 +93,12 @@ def run_pass(tag: str, command: list[str], env: dict[str, str], cores: list[int]
             try:
                 status = proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                proc.wait()
+                stop_group(proc, grace_s=5.0)
                 return PassResult(tag, pass_index, position, False, proc.returncode, time.monotonic() - start,
                                   f"timeout after {timeout_s:g} s; process group {proc.pid} killed",
                                   _tail(err_path))
             finally:
-                _kill_group(proc)  # stragglers the arm left behind
+                stop_group(proc, grace_s=5.0)  # stragglers the arm left behind
         seconds = time.monotonic() - start
         if status != 0:
             cause = first_error(err_path)

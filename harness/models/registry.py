@@ -369,7 +369,7 @@ def _from_gguf(spec: ModelSpec) -> bool:
     """Whether ``spec`` is made from its base's GGUF file directly (``omni-quant convert FILE.gguf``:
     4-bit blocks repacked with their codes) rather than from the dequantized bf16 checkpoint: every
     cpu_int4 model at the GGUF path's group size whose base ships a GGUF."""
-    from omni_quant.gguf_convert import GGUF_GROUP_SIZE
+    from omni_quant.conversion.gguf_file import GGUF_GROUP_SIZE
 
     base = _spec(spec.base)
     return spec.quantization == "cpu_int4" and bool(base.gguf_file) and spec.group_size == GGUF_GROUP_SIZE
@@ -381,7 +381,8 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
     ``spec.group_size`` with the ``q4`` recipe (GPTQ: ``--format gptq``). The GGUF path never builds the
     bf16 checkpoint (transformers dequantizing the whole model in memory, a step the conversion does not
     read; issue 31): the base's identity is its GGUF file's sha256, as the bf16 manifest records it."""
-    from omni_quant.convert import CONVERTER_VERSION, convert
+    from omni_quant.conversion.checkpoint import convert
+    from omni_quant.conversion.output import CONVERTER_VERSION
 
     path_taken = "gguf" if _from_gguf(spec) else "bf16"
     base_dir = None if path_taken == "gguf" else fetch(spec.base, cache_dir)
@@ -401,7 +402,7 @@ def _fetch_derived(spec: ModelSpec, cache_dir: Path | None) -> Path:
             pass
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    from omni_quant.gguf_convert import convert_gguf as convert_gguf_file
+    from omni_quant.conversion.gguf_file import convert_gguf as convert_gguf_file
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)  # a fresh checkout has no cache directory yet
     tmp = Path(tempfile.mkdtemp(prefix=f".{spec.name}.partial-", dir=out_dir.parent))

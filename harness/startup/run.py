@@ -99,40 +99,20 @@ def _run_llm(model: str, args: argparse.Namespace, env: dict[str, str], log: Pat
 def _run_server(model: str, args: argparse.Namespace, env: dict[str, str], log: Path,
                 timeout_s: float) -> tuple[int, float, list[Marker], dict[int, float]]:
     """The ``omni-vllm serve`` start: /health polled every :data:`HEALTH_POLL_S`, then one streamed request."""
-    import urllib.error
-    import urllib.request
+    from harness.arms.server import serve_command
+    from harness.server_process import Server, stream_times
 
-    from harness.arms.server import _stream, serve_command
-    from harness.server_process import free_port, stop_group
-
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    cmd = [*serve_command(model, port, args), "--enable-log-requests"]  # the END marker: "Received request"
     ctimes: dict[int, float] = {}
-    with open(log, "w") as f:
-        launched, ctimes[0] = time.perf_counter(), time.time()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        healthy = None
-        while time.perf_counter() - launched < timeout_s:
-            _ctimes(proc.pid, ctimes)
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        healthy = time.time()
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(HEALTH_POLL_S)
-        if healthy is None:
-            raise RuntimeError(f"the server was not healthy within {timeout_s:.0f} s; see {log}")
-        times, _ = _stream(base, {"model": "m", "temperature": 0.0, "prompt": [100 + i for i in range(8)],
-                                  "max_tokens": 1})
+    # the END marker is the server's own "Received request" line (--enable-log-requests)
+    server = Server.start(lambda port: [*serve_command(model, port, args), "--enable-log-requests"], log, env=env,
+                         timeout_s=None)
+    launched, ctimes[0], proc = server.launched, server.launched_unix, server.proc
+    with server:
+        server.wait_healthy(timeout_s, HEALTH_POLL_S, lambda: _ctimes(proc.pid, ctimes))
+        healthy = server.healthy_unix
+        first = {"model": "m", "temperature": 0.0, "prompt": [100 + i for i in range(8)], "max_tokens": 1}
+        times, _ = stream_times(server.base + "/v1/completions", first)
         measured = times[0] - launched
-    finally:
-        stop_group(proc)
     client = [Marker(healthy, proc.pid, FIRST_REQUEST, "the harness: /health answered 200")]
     return proc.pid, measured, client, ctimes
 
