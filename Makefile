@@ -39,9 +39,9 @@ KERNEL_CHECK = $(REQUIRE_KERNEL) $(PY) -c "import os, sys, vllm, torch, omni_pla
 	             + str(native.unavailable_reason()) if isa is None \
 	             and os.environ.get('OMNI_QUANT_REQUIRE_KERNEL', '').strip().lower() not in ('', '0', 'false') else 0)"
 
-CORES  ?= $(shell $(PYTHON) -c "import os; print(','.join(map(str, sorted(os.sched_getaffinity(0)))))")
-BENCH_PASSES ?= 3
-BENCH_OUT = harness/results/decode_vs_llamacpp-$(shell date -u +%Y%m%dT%H%M%SZ).json
+# Each spec carries its metrics, passes and timeout (harness/grid/bench.py); BENCH_ARGS overrides them for one run,
+# e.g. BENCH_ARGS='--passes 1'.
+BENCH_ARGS ?=
 LCP_STAMP := $(VENV)/.omni-llamacpp
 ARCTIC_STAMP := $(VENV)/.omni-arctic
 LLAMA_SERVER_STAMP := $(VENV)/.omni-llama-server
@@ -51,7 +51,6 @@ SPEC_BUILD := .cache/spec-build
 
 OV_VENV  := .venv-ov
 OV_STAMP := $(OV_VENV)/.omni-ov
-USER_OUT  = harness/results/user_size-$(shell date -u +%Y%m%dT%H%M%SZ).json
 QWEN     := qwen2.5-coder-1.5b
 
 .PHONY: help setup bench-setup bench-ik-setup spec-setup bench-spec bench-load bench-soak model demo serve test test-fast lint bench bench-user ov-setup ov-model kernel-matrix dist clean
@@ -129,20 +128,16 @@ $(LLAMA_SERVER_STAMP): $(STAMP)
 # Servers under load (issue 34, docs/load.md): omni's server against llama-server and OpenVINO GenAI's continuous
 # batching (in process) at 1-16 streams on Qwen2.5-Coder-1.5B,
 # then the soak (16 clients for 10 minutes, SmolLM2 and Qwen); each with its plot beside the artifact.
-LOAD_METRICS := $(shell for n in 1 2 4 8 16; do printf 'load_tps_c%s,ttft_p50_ms_c%s,ttft_p99_ms_c%s,itl_p50_ms_c%s,itl_p99_ms_c%s,errors_c%s,' $$n $$n $$n $$n $$n $$n; done)
 
 bench-load: $(STAMP) $(LLAMA_SERVER_STAMP) $(QWEN_STAMP) ov-model  ## omni's server against llama-server and OpenVINO at 1-16 streams (Qwen2.5-Coder-1.5B)
 	$(PY) -m harness models fetch $(QWEN)-int4
-	$(PY) -m harness bench --spec harness/specs/load.json --passes $(BENCH_PASSES) --cores $(CORES) \
-	    --metric $(LOAD_METRICS:%,=%) --timeout 2400 --out harness/results/load-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/load.json $(BENCH_ARGS)
 	$(PY) -m harness plot-load "$$(ls -t harness/results/load-*.json | head -n 1)"
 
 bench-soak: $(STAMP) $(QWEN_STAMP)  ## omni's server under 16 clients for 10 minutes (SmolLM2, Qwen2.5-Coder-1.5B)
 	$(PY) -m harness models fetch smollm2-135m-int4
 	$(PY) -m harness models fetch $(QWEN)-int4
-	$(PY) -m harness bench --spec harness/specs/soak.json --passes 1 --cores $(CORES) --timeout 1500 \
-	    --metric soak_5xx,soak_4xx,soak_errors_other,soak_requests,soak_ttft_p99_ms,soak_rss_slope_kib_per_req,soak_same_text \
-	    --out harness/results/soak-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/soak.json $(BENCH_ARGS)
 	$(PY) -m harness plot-load "$$(ls -t harness/results/soak-*.json | head -n 1)"
 
 spec-setup: $(ARCTIC_STAMP) $(LLAMA_SERVER_STAMP)  ## suffix decoding (arctic-inference) and llama-server, for the speculation benchmark
@@ -150,17 +145,12 @@ spec-setup: $(ARCTIC_STAMP) $(LLAMA_SERVER_STAMP)  ## suffix decoding (arctic-in
 bench-spec: spec-setup $(LCP_STAMP) $(VENV)/.omni-qwen  ## speculative decoding on Qwen2.5-Coder-1.5B: every method, the default, llama-server
 	$(PY) -m harness models fetch $(QWEN)-int4
 	$(PY) -m harness models fetch qwen2.5-coder-0.5b-int4
-	$(PY) -m harness bench --spec harness/specs/speculation.json --passes $(BENCH_PASSES) --cores $(CORES) \
-	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
-	    --timeout 1200 --out harness/results/speculation-$(shell date -u +%Y%m%dT%H%M%SZ).json
-	$(PY) -m harness bench --spec harness/specs/speculation_default.json --passes $(BENCH_PASSES) --cores $(CORES) \
-	    --metric tg_edit_tps,tg_qa_tps,tg_prose_tps,agg_tg_tps,accept_edit,accept_qa,accept_prose,accepted_len_edit,accepted_len_qa,accepted_len_prose \
-	    --timeout 1200 --out harness/results/speculation_default-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/speculation.json $(BENCH_ARGS)
+	$(PY) -m harness bench --spec harness/specs/speculation_default.json $(BENCH_ARGS)
 
 bench: $(STAMP) $(LCP_STAMP) $(IK_STAMP)  ## SmolLM2 decode benchmark against llama.cpp (3 passes)
 	$(PY) -m harness models fetch smollm2-135m-int4
-	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(BENCH_OUT) --timeout 900
+	$(PY) -m harness bench --spec harness/specs/decode_vs_llamacpp.json $(BENCH_ARGS)
 	$(PY) -m harness results plot "$$(ls -t harness/results/decode_vs_llamacpp-*.json | head -n 1)"
 
 # The user-size comparison (issue 10): Qwen2.5-Coder-1.5B, every arm of harness/specs/user_size.json,
@@ -180,23 +170,16 @@ bench-user: $(STAMP) $(LCP_STAMP) $(LLAMA_SERVER_STAMP) $(IK_STAMP) $(QWEN_STAMP
 	VLLM_PLUGINS=omni $(PY) -m harness fidelity --ref "$$($(PY) -m harness models path $(QWEN))" \
 	    --test "$$($(PY) -m harness models path $(QWEN)-int4)" \
 	    --out harness/results/fidelity_$(QWEN)-$(shell date -u +%Y%m%dT%H%M%SZ).json
-	$(PY) -m harness bench --spec harness/specs/user_size.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_anon_tree_mb,rss_file_tree_mb,rss_total_tree_mb,pss_tree_mb,peak_anon_tree_mb,peak_total_tree_mb,start_warm_s,start_cold_s --cores $(CORES) --out $(USER_OUT) --timeout 1800
+	$(PY) -m harness bench --spec harness/specs/user_size.json $(BENCH_ARGS)
 	$(PY) -m harness results plot "$$(ls -t harness/results/user_size-*.json | head -n 1)"
 	# the peers at their best: llama-server's flag search and ik_llama.cpp with and without its repacking
-	$(PY) -m harness bench --spec harness/specs/peers_qwen.json --passes $(BENCH_PASSES) \
-	    --metric tg_tps,pp_tps,agg_tg_tps,rss_total_tree_mb,start_warm_s --cores $(CORES) --timeout 1800 \
-	    --out harness/results/peers_qwen-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/peers_qwen.json $(BENCH_ARGS)
 	# llama.cpp's AMX decode: only where the CPU has AMX (elsewhere the user_size arm already runs
 	# llama.cpp with its extra buffer types)
 	if grep -qw amx_int8 /proc/cpuinfo; then \
-	    $(PY) -m harness bench --spec harness/specs/user_size_llamacpp_amx.json --passes $(BENCH_PASSES) \
-	        --metric tg_tps,rss_anon_tree_mb --cores $(CORES) --timeout 1800 \
-	        --out harness/results/user_size_llamacpp_amx-$(shell date -u +%Y%m%dT%H%M%SZ).json; \
+	    $(PY) -m harness bench --spec harness/specs/user_size_llamacpp_amx.json $(BENCH_ARGS); \
 	else echo "user_size_llamacpp_amx: skipped, this CPU has no AMX"; fi
-	$(PY) -m harness bench --spec harness/specs/prefill_int4_vs_bf16.json --passes $(BENCH_PASSES) \
-	    --metric pp_tps,tg_tps --cores $(CORES) --timeout 900 \
-	    --out harness/results/prefill_int4_vs_bf16-$(shell date -u +%Y%m%dT%H%M%SZ).json
+	$(PY) -m harness bench --spec harness/specs/prefill_int4_vs_bf16.json $(BENCH_ARGS)
 
 # Every 4-bit kernel this machine can run, on both models' shapes (time, GB/s, % of the read bandwidth).
 # zentorch goes into its own folder on PYTHONPATH for this run only: installed into the venv, vLLM

@@ -457,3 +457,41 @@ def test_out_is_checked_before_any_pass_and_a_published_artifact_is_never_overwr
                               cwd=REPO)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert not marker.exists() and published.read_bytes() == before
+
+
+def test_a_spec_carries_its_metrics_passes_and_timeout(tmp_path):
+    """``python -m harness bench --spec X`` alone: the spec says what to measure, how often and how long a pass may
+    take; ``--passes`` on the command line overrides the spec for one run; a spec without them is refused."""
+    arm = _arm("a", "print('{\"tokens_per_s\": 5, \"rss_anon_tree_mb\": 7}')")
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"arms": [arm], "metrics": ["tokens_per_s", "rss_anon_tree_mb"], "passes": 2,
+                                "timeout_s": 77}))
+    out = tmp_path / "out.json"
+    run = [*BENCH, "--spec", str(spec), "--out", str(out), "--allow-busy"]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    art = json.loads(out.read_text())
+    assert (art["metrics"], art["passes"], art["timeout_s"]) == (["tokens_per_s", "rss_anon_tree_mb"], 2, 77.0)
+    assert len(art["runs"]) == 2
+    out.unlink()
+    proc = subprocess.run([*run, "--passes", "1"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and json.loads(out.read_text())["passes"] == 1, proc.stderr
+    spec.write_text(json.dumps({"arms": [arm], "passes": 2}))
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and 'has no "metrics"' in proc.stderr, proc.stderr
+
+
+def test_every_bench_spec_carries_known_metrics_and_its_passes():
+    """The Makefile and docs run ``python -m harness bench --spec X`` alone: each spec (the paired ones have their
+    own runner) names metrics the judge knows, its passes and its timeout."""
+    from harness.grid.metrics import get_metric
+
+    specs = [p for p in sorted((REPO / "harness" / "specs").glob("*.json"))
+             if "rounds" not in json.loads(p.read_text())]
+    assert specs
+    for p in specs:
+        spec = json.loads(p.read_text())
+        assert spec.get("metrics") and isinstance(spec.get("passes"), int) and spec["passes"] >= 1, p.name
+        assert float(spec.get("timeout_s", 900)) > 0, p.name
+        for m in spec["metrics"]:
+            get_metric(m)

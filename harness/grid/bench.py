@@ -1,9 +1,13 @@
 """Side-by-side measurement of arms, with the rules that keep a number honest.
 
-    python -m harness bench --spec ARMS.json --passes N --metric NAME[,NAME...]
-        --cores LIST --out FILE [--check EXPECT.json] [--timeout S] [--allow-busy] [--allow-dirty]
+    python -m harness bench --spec ARMS.json [--passes N] [--metric NAME[,NAME...]] [--timeout S]
+        [--cores LIST] [--out FILE] [--check EXPECT.json] [--allow-busy] [--allow-dirty]
 
-A spec is ``{"arms": [{"tag", "command", "env"}], "shared_cache": false}`` (optionally
+A spec is ``{"arms": [{"tag", "command", "env"}], "metrics": [NAME, ...], "passes": N, "timeout_s": S,
+"shared_cache": false}``: the spec carries what it measures (``metrics``, the first one ranked), how often
+(``passes``) and how long an arm pass may take (``timeout_s``, default 900); ``--metric``, ``--passes`` and
+``--timeout`` override them for one run. ``--cores`` defaults to the CPUs this process may use, ``--out`` to
+``harness/results/<spec name>-<UTC time>.json``. Optionally
 ``"same_outputs"``: groups of arms whose greedy outputs must equal a reference arm's,
 ``harness/grid/outputs.py``, recorded as the artifact's ``same_outputs``; and ``"warm_up_start": true``:
 each arm is started once before pass 1, unmeasured, so that every judged pass starts from a filled
@@ -221,8 +225,44 @@ def _table(summary: dict[str, list[dict]], metric_names: list[str]) -> str:
     return "\n".join(lines)
 
 
+DEFAULT_TIMEOUT_S = 900.0
+
+
+def resolve_settings(args: argparse.Namespace, spec: Any) -> str | None:
+    """Fill ``args.metric``, ``args.passes``, ``args.timeout``, ``args.cores`` and ``args.out`` left unset on the
+    command line from ``spec`` (``metrics``, ``passes``, ``timeout_s``), this process's CPUs and the spec's name.
+    Returns the problem when the spec lacks what the command line did not give, else None."""
+    spec = spec if isinstance(spec, dict) else {}
+    if args.metric is None:
+        metrics = spec.get("metrics")
+        if not (isinstance(metrics, list) and metrics and all(isinstance(m, str) for m in metrics)):
+            return f"spec {args.spec} has no \"metrics\" (a list of metric names) and --metric was not given"
+        args.metric = ",".join(metrics)
+    if args.passes is None:
+        passes = spec.get("passes")
+        if not isinstance(passes, int) or isinstance(passes, bool):
+            return f"spec {args.spec} has no \"passes\" (an integer) and --passes was not given"
+        args.passes = passes
+    if args.timeout is None:
+        args.timeout = float(spec.get("timeout_s", DEFAULT_TIMEOUT_S))
+    if args.cores is None:
+        args.cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    if args.out is None:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        args.out = REPO / "harness" / "results" / f"{args.spec.stem}-{stamp}.json"
+    return None
+
+
 def _validate(args: argparse.Namespace) -> str | None:
-    """Everything checkable before the first pass (a grid can take an hour): the problem, or None."""
+    """Everything checkable before the first pass (a grid can take an hour): the problem, or None. Fills the
+    settings the command line left to the spec first (:func:`resolve_settings`)."""
+    try:
+        spec = json.loads(args.spec.read_text())
+    except (OSError, ValueError) as e:
+        return f"spec {args.spec} is not usable: {type(e).__name__}: {e}"
+    problem = resolve_settings(args, spec)
+    if problem:
+        return problem
     metric_names = [m for m in args.metric.split(",") if m]
     if not metric_names:
         return "--metric names no metric"
@@ -231,10 +271,6 @@ def _validate(args: argparse.Namespace) -> str | None:
             get_metric(m)
     except UnknownMetricError as e:
         return str(e)
-    try:
-        spec = json.loads(args.spec.read_text())
-    except (OSError, ValueError) as e:
-        return f"spec {args.spec} is not usable: {type(e).__name__}: {e}"
     arms = spec.get("arms") if isinstance(spec, dict) else None
     if not isinstance(arms, list) or not arms:
         return (f"spec {args.spec} is not usable: expected "
@@ -280,12 +316,15 @@ def _validate(args: argparse.Namespace) -> str | None:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m harness bench", description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True, type=Path)
-    ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--metric", required=True, help="metric(s) to summarize and judge, comma-separated")
-    ap.add_argument("--cores", required=True, help="cores to pin the arms to, e.g. 0-1")
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--passes", type=int, default=None, help="default: the spec's \"passes\"")
+    ap.add_argument("--metric", default=None, help="metric(s) to summarize and judge, comma-separated "
+                                                  "(default: the spec's \"metrics\")")
+    ap.add_argument("--cores", default=None, help="cores to pin the arms to, e.g. 0-1 (default: this process's)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the artifact (default: harness/results/<spec name>-<UTC time>.json)")
     ap.add_argument("--check", type=Path, default=None)
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds per arm pass")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="seconds per arm pass (default: the spec's \"timeout_s\", else 900)")
     ap.add_argument("--allow-busy", action="store_true")
     provenance.add_allow_dirty(ap)
     ap.add_argument("--max-mean-busy", type=float, default=5.0, help="percent")
