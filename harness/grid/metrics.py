@@ -93,7 +93,7 @@ _ALL = [
            "sampling; not memory-bound, so steadier than tg_tps where the host's bandwidth swings",
            "python -m harness profile (per-op self time of a decode step)"),
     Metric("tg_gemv_ms", Direction.LOWER, "ms", 5.0, False,
-           "decode wall per token inside omni-quant's W4A8 GEMVs (omni_quant.native.linear_clock); "
+           "decode wall per token inside omni-quant's W4A8 GEMVs (omni_quant.kernels.w4a8.linear_clock); "
            "follows the host's memory bandwidth", "the host probe (host_sum_gbs) and more passes"),
     Metric("pp_tps", Direction.HIGHER, "tok/s", 5.0, False, "prefill (prompt processing) tokens per second"),
     Metric("tokens_per_s", Direction.HIGHER, "tok/s", 5.0, False, "generic throughput"),
