@@ -33,7 +33,7 @@ REQUIRE_KERNEL := $(if $(CI_ON),OMNI_QUANT_REQUIRE_KERNEL=1)
 # Prints the versions and the kernel this CPU runs; exits 1 when the kernel is not installed and
 # OMNI_QUANT_REQUIRE_KERNEL is set (CI sets it).
 KERNEL_CHECK = $(REQUIRE_KERNEL) $(PY) -c "import os, sys, vllm, torch, omni_platform, \
-	    omni_quant, omni_patches; from omni_quant import native; isa = native.best_isa(); \
+	    omni_quant, omni_patches; from omni_quant.kernels import w4a8 as native; isa = native.best_isa(); \
 	    print('vllm', vllm.__version__, 'torch', torch.__version__, 'omni W4A8 kernel', isa or native.unavailable_reason()); \
 	    sys.exit('omni W4A8 kernel not installed and OMNI_QUANT_REQUIRE_KERNEL=1 (CI) requires it: ' \
 	             + str(native.unavailable_reason()) if isa is None \

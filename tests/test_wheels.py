@@ -31,7 +31,7 @@ def test_make_dist_builds_three_wheels_and_the_kernel_is_inside_omni_quant(wheel
 
     (quant,) = [w for w in wheels if w.name.startswith("omni_quant-")]
     names = zipfile.ZipFile(quant).namelist()
-    assert any(n.startswith("omni_quant/_w4a8") and n.endswith(".so") for n in names), names
+    assert any(n.startswith("omni_quant/kernels/_w4a8") and n.endswith(".so") for n in names), names
     assert "linux_x86_64" in quant.name  # a binary wheel: the compiled kernel, not a pure-Python one
 
 
