@@ -168,12 +168,20 @@ SETTINGS: dict[str, Setting] = {
             "accepted tokens + 1.",
         ),
         Setting(
+            "OMNI_OPEN_METRICS",
+            _bool,
+            False,
+            "1: with an --api-key, omni-vllm serve leaves /metrics open to requests without the key (a "
+            "Prometheus scraper); 0: every route but /health needs the key (omni_platform.api_key).",
+        ),
+        Setting(
             "OMNI_SPEC_FOLLOW_EDITS",
             _bool,
-            True,
+            False,
             "1: omni's gated prompt lookup (omni_platform.spec_proposer) follows a copied run through an "
             "edit (a divergence after a long accepted run is taken as a replaced token; the replacement, once "
-            "confirmed, is applied to later drafts); 0: each draft is a fresh suffix lookup.",
+            "confirmed, is applied to later drafts): faster on code edits, but its chat interval fell below the "
+            "default's floor (docs/speculation.md); 0 (the default): each draft is a fresh suffix lookup.",
         ),
         Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",
