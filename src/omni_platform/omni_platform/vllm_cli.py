@@ -17,6 +17,12 @@ does a GGUF whose conversion cache (under ``VLLM_CACHE_ROOT``) cannot be written
 
 The first ``serve`` of a configuration serves eager while a background process compiles it for later starts
 (:mod:`omni_platform.compile_ahead`); the line ``omni-vllm serve: compile mode: ...`` says which and why.
+
+On a network (C33, C34): ``serve`` without ``--host`` (on the command line or in its ``--config`` file) listens on
+127.0.0.1 only, as llama-server and Ollama do, where ``vllm serve`` listens on every interface; a line says so
+and how to listen on all (``--host 0.0.0.0``). With an API key (``--api-key``, or ``VLLM_API_KEY``), every route
+but ``/health`` needs it (:mod:`omni_platform.api_key`, added through vLLM's ``--middleware``), where vLLM
+guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-__all__ = ["main", "port_in_use", "vllm_distribution_version"]
+__all__ = ["LOOPBACK", "main", "port_in_use", "secure_serve_args", "vllm_distribution_version"]
+
+LOOPBACK = "127.0.0.1"
+"""Where ``omni-vllm serve`` listens when the user names no host."""
 
 _real_version = importlib.metadata.version
 
@@ -91,14 +100,74 @@ def _check_serve_port(argv: list[str]) -> None:
                          "choose another with --port, or stop what holds it. Nothing was loaded or converted.")
 
 
+def _config(argv: list[str]) -> dict:
+    """``serve --config FILE``'s settings (vLLM's YAML config file), {} without one or when it cannot be read
+    (vLLM names a bad file itself when it reads it)."""
+    path = _option(argv, "--config")
+    if path is None:
+        return {}
+    try:
+        import yaml
+
+        data = yaml.safe_load(Path(path).read_text())
+    except Exception:  # noqa: BLE001 - a missing or malformed file: vLLM's own error names it
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _config_model(argv: list[str]) -> str | None:
+    """``--config``'s ``model``, for a command line that names none."""
+    model = _config(argv).get("model")
+    return str(model) if model else None
+
+
+def secure_serve_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``serve``'s arguments with omni's network defaults, and the lines that say what was added.
+
+    - no ``--host`` (nor ``--uds``, nor a ``host`` in ``--config``): ``--host 127.0.0.1``;
+    - always ``--middleware omni_platform.api_key.KeyOnEveryRoute``: inert without a key; with one (``--api-key``
+      or ``VLLM_API_KEY``) every route but ``/health`` needs it.
+
+    Any other command is returned as it is, with no lines.
+    """
+    import os
+
+    if len(argv) < 2 or argv[1] != "serve":
+        return argv, []
+    from omni_platform import envs
+    from omni_platform.api_key import MIDDLEWARE
+
+    out, lines = list(argv), []
+    if _option(out, "--host") is None and _option(out, "--uds") is None and not _config(out).get("host"):
+        out += ["--host", LOOPBACK]
+        lines.append(f"omni-vllm serve: listening on {LOOPBACK} only (no --host given); --host 0.0.0.0 listens on "
+                     "every interface")
+    out += ["--middleware", MIDDLEWARE]
+    if _option(out, "--api-key") is not None or os.environ.get("VLLM_API_KEY"):
+        lines.append("omni-vllm serve: the API key guards every route but /health"
+                     + (" and /metrics (OMNI_OPEN_METRICS=1)" if envs.OMNI_OPEN_METRICS else "")
+                     + " (vLLM alone guards /v1, /v2, /inference and /cohere)")
+    return out, lines
+
+
 def _serve_model_index(argv: list[str]) -> int | None:
-    """The index in ``argv`` of ``serve MODEL`` / ``serve --model MODEL``'s MODEL, or None."""
+    """The index in ``argv`` of ``serve MODEL`` / ``serve --model MODEL`` / ``serve --model=MODEL``'s MODEL (for
+    the ``=`` form, the index of that argument), or None."""
     if len(argv) < 2 or argv[1] != "serve":
         return None
-    idx = next((i + 1 for i, a in enumerate(argv) if a == "--model" and i + 1 < len(argv)), None)
+    idx = None
+    for i, a in enumerate(argv):
+        if a == "--model" and i + 1 < len(argv):
+            idx = i + 1
+        elif a.startswith("--model="):
+            idx = i
     if idx is None and len(argv) > 2 and not argv[2].startswith("-"):
         idx = 2
     return idx
+
+
+def _model_at(argv: list[str], idx: int) -> str:
+    return argv[idx].split("=", 1)[1] if argv[idx].startswith("--model=") else argv[idx]
 
 
 def _check_gguf_cache(argv: list[str]) -> None:
@@ -110,7 +179,8 @@ def _check_gguf_cache(argv: list[str]) -> None:
         SystemExit: the message names the directory, the error, and a writable directory to use instead.
     """
     idx = _serve_model_index(argv)
-    if idx is None or not argv[idx].endswith(".gguf"):
+    model = _model_at(argv, idx) if idx is not None else _config_model(argv) if argv[1:2] == ["serve"] else None
+    if model is None or not model.endswith(".gguf"):
         return
     import tempfile
 
@@ -125,24 +195,37 @@ def _check_gguf_cache(argv: list[str]) -> None:
     tmp = tempfile.gettempdir()
     hint = (f"for example VLLM_CACHE_ROOT={Path(tmp) / 'omni-vllm-cache'}" if write_problem(tmp) is None
             else "a directory on a writable disk")
-    raise SystemExit(f"omni-vllm serve: {Path(argv[idx]).name} is converted once into vLLM's cache root {root}, "
+    raise SystemExit(f"omni-vllm serve: {Path(model).name} is converted once into vLLM's cache root {root}, "
                      f"which cannot be written ({why}); set VLLM_CACHE_ROOT to a writable directory ({hint}) and "
                      "start again. Nothing was converted.")
 
 
 def _resolve_serve_model(argv: list[str]) -> list[str]:
-    """``serve MODEL`` / ``serve --model MODEL``: MODEL as an installed extension serves it."""
+    """``serve MODEL`` / ``serve --model MODEL`` / ``serve --model=MODEL`` / a ``model`` in ``--config``: MODEL as an
+    installed extension serves it; the served name stays the one given (``--served-model-name`` in either form,
+    or in the config file), else MODEL's file name (C39)."""
     idx = _serve_model_index(argv)
-    if idx is None:
+    from_config = idx is None and len(argv) > 1 and argv[1] == "serve"
+    model = _model_at(argv, idx) if idx is not None else _config_model(argv) if from_config else None
+    if model is None:
         return argv
     from omni_platform.extensions import resolve_model
 
     out = list(argv)
-    resolved = resolve_model(out[idx])
-    if resolved != out[idx]:
-        if "--served-model-name" not in out:
-            out += ["--served-model-name", out[idx].rsplit("/", 1)[-1]]
+    resolved = resolve_model(model)
+    if resolved == model:
+        return out
+    if idx is None:
+        out += ["--model", resolved]  # the command line wins over the config file's model
+    elif out[idx].startswith("--model="):
+        out[idx] = f"--model={resolved}"
+    else:
         out[idx] = resolved
+    config = _config(out)
+    named = _option(out, "--served-model-name") is not None or bool(config.get("served-model-name")
+                                                                     or config.get("served_model_name"))
+    if not named:
+        out += ["--served-model-name", model.rsplit("/", 1)[-1]]
     return out
 
 
@@ -151,14 +234,17 @@ def main() -> None:
     import sys
 
     importlib.metadata.version = vllm_distribution_version  # this process only
+    sys.argv, said = secure_serve_args(sys.argv)
     _check_serve_port(sys.argv)
     _check_gguf_cache(sys.argv)
+    for line in said:  # after the checks: a refusal stays one line
+        print(line, file=sys.stderr, flush=True)
     sys.argv = _resolve_serve_model(sys.argv)
     if len(sys.argv) > 1 and sys.argv[1] == "serve":
         from omni_platform.compile_ahead import plan
 
         idx = _serve_model_index(sys.argv)
-        decided = plan(sys.argv, sys.argv[idx] if idx is not None else None)
+        decided = plan(sys.argv, _model_at(sys.argv, idx) if idx is not None else None)
         print(f"omni-vllm serve: compile mode: {decided.reason}", file=sys.stderr, flush=True)
         sys.argv = decided.argv
     from vllm.entrypoints.cli.main import main as vllm_main

@@ -44,6 +44,7 @@ from omni_quant.conversion.output import (
     TensorReport,
     cpu_int4_config,
     discard,
+    out_of_space,
     partial_dir,
     publish,
     write_int8,
@@ -128,8 +129,11 @@ def convert(src: str | os.PathLike[str], dst: str | os.PathLike[str], group_size
                      tied_head=plan.tied_head_report(),
                      embedding=embedding_convert.report(embedding, plan.embedding_kept))
         publish(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         discard(tmp, created)
+        full = out_of_space(exc, dst, sum(f.stat().st_size for f in set(names.values())))
+        if full is not None:
+            raise full from None
         raise
     return reports
 

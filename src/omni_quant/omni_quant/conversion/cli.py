@@ -126,14 +126,15 @@ def _main(argv: list[str] | None) -> int:
 
 def _cache(args) -> int:
     """``omni-quant cache list|prune``: one line per conversion (MiB, last use, state); prune removes older
-    converter versions, incomplete conversions and, with ``--days``, unused ones."""
+    converter versions, incomplete and damaged conversions and, with ``--days``, unused ones."""
     from omni_quant.conversion.gguf_cache import cache_root, entries, prune
 
     root = cache_root()
     if args.action == "list":
         rows = entries(root)
         for e in rows:
-            state = ("current" if e.current else "older converter") + ("" if e.complete else ", incomplete")
+            state = (("current" if e.current else "older converter") + ("" if e.complete else ", incomplete")
+                     + (f", damaged: {e.damaged}" if e.damaged else ""))
             used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
             print(f"{e.bytes / 2**20:10.1f} MiB  {used}  {state:28s}  {e.path}")
         print(f"{len(rows)} conversion(s), {sum(e.bytes for e in rows) / 2**20:.1f} MiB in {root}")
@@ -141,7 +142,7 @@ def _cache(args) -> int:
     gone = prune(root, args.days, args.dry_run)
     verb = "would remove" if args.dry_run else "removed"
     for e in gone:
-        print(f"{verb} {e.path} ({e.bytes / 2**20:.1f} MiB)")
+        print(f"{verb} {e.path} ({e.bytes / 2**20:.1f} MiB{'; damaged: ' + e.damaged if e.damaged else ''})")
     print(f"{verb} {len(gone)} conversion(s), {sum(e.bytes for e in gone) / 2**20:.1f} MiB")
     return 0
 

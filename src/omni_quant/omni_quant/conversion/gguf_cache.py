@@ -12,7 +12,14 @@ the conversions, so a warm start does not read the whole file again (about 1 s f
 Two starts on one file share one conversion: the first takes an exclusive ``flock`` on
 ``<conversion>.lock`` while it converts, a second waits for it and then serves the finished copy (C22).
 ``omni-quant cache list`` shows the conversions with their sizes and last use; ``omni-quant cache prune``
-removes those of older converter versions and those unused for ``--days`` (:func:`entries`, :func:`prune`).
+removes those of older converter versions, damaged ones and those unused for ``--days`` (:func:`entries`,
+:func:`prune`).
+
+A conversion is not trusted because its ``config.json`` exists (C36): when it is made, every file of it (the
+layout cache's ``omni-layouts/`` aside, which has its own checks) is recorded in ``omni-entry.json`` with its size,
+sha256 and identity; a later start checks each file's size, and its digest when its identity changed. A damaged
+conversion (a shard cut or rewritten after a good start) is converted again, with one line saying why; ``prune``
+removes damaged ones.
 """
 
 from __future__ import annotations
@@ -30,7 +37,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CacheEntry", "cached_conversion", "entries", "file_digest", "prune", "resolve_model"]
+__all__ = ["RECORD", "CacheEntry", "cached_conversion", "damage", "entries", "file_digest", "prune", "record",
+           "resolve_model"]
+
+RECORD = "omni-entry.json"
+"""The file in each conversion that records its files' sizes, digests and identities."""
+_NOT_RECORDED = ("omni-layouts",)
+"""Folders of a conversion written later by the runtime (the layout cache checks its own files)."""
 
 logger = logging.getLogger("vllm.omni_quant.gguf")
 
@@ -76,6 +89,50 @@ def file_digest(path: Path, root: Path) -> str:
     except OSError as e:
         logger.warning("omni: the digest of %s is not remembered (%s): the next start reads the file again", path, e)
     return digest
+
+
+def _recorded_files(out: Path) -> list[Path]:
+    return sorted(f for f in out.rglob("*") if f.is_file() and f.name != RECORD
+                  and f.relative_to(out).parts[0] not in _NOT_RECORDED)
+
+
+def record(out: Path) -> dict:
+    """Write ``out/omni-entry.json``: each file's size (bytes), sha256 and identity; return the record.
+
+    Raises:
+        OSError: a file cannot be read, or the record cannot be written.
+    """
+    files = {str(f.relative_to(out)): {"bytes": f.stat().st_size, "sha256": _sha256(f), "identity": _identity(f)}
+             for f in _recorded_files(out)}
+    rec = {"files": files}
+    tmp = out / f".{RECORD}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(rec, indent=1))
+    os.replace(tmp, out / RECORD)
+    return rec
+
+
+def damage(out: Path) -> str | None:
+    """Why the conversion ``out`` cannot be served as it is, or None when every recorded file has its size (and,
+    where its identity changed since, its sha256). A conversion without a record (an older omni wrote it) is
+    None here: :func:`cached_conversion` records it at its next use."""
+    try:
+        rec = json.loads((out / RECORD).read_text())
+        files = rec["files"]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its record {RECORD} is unreadable ({e})"
+    for rel, want in files.items():
+        f = out / rel
+        try:
+            size = f.stat().st_size
+        except OSError:
+            return f"{rel} is missing"
+        if size != want.get("bytes"):
+            return f"{rel} holds {size} bytes, {want.get('bytes')} when it was written"
+        if _identity(f) != want.get("identity") and _sha256(f) != want.get("sha256"):
+            return f"{rel} changed since it was written (sha256 differs)"
+    return None
 
 
 def _die_with_parent() -> None:
@@ -128,14 +185,22 @@ def cached_conversion(gguf: Path, root: Path | None = None) -> Path:
     out = root / f"{gguf.stem}-{digest[:16]}-c{version}"
     with _exclusive(out):
         if (out / "config.json").is_file():
-            logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16], out)
-            os.utime(out)  # last use, for `omni-quant cache prune --days`
-            return out
+            why = damage(out)
+            if why is None and not (out / RECORD).is_file():
+                record(out)  # written by an omni that kept no record: trusted once, checked from now on
+            if why is None:
+                logger.info("omni: %s (sha256 %s...) is served from its cpu_int4 conversion %s", gguf, digest[:16],
+                            out)
+                os.utime(out)  # last use, for `omni-quant cache prune --days`
+                return out
+            logger.warning("omni: the conversion %s is damaged (%s); converting %s again", out, why, gguf)
+            shutil.rmtree(out)
         logger.info("omni: converting %s (sha256 %s...) to cpu_int4 once, into %s; this first start also writes "
                     "the weights' layout file and the compiled graph, which later starts reuse", gguf, digest[:16],
                     out)
         started = time.monotonic()
         _convert_in_child(gguf, out)
+        record(out)
         logger.info("omni: %s converted to cpu_int4 in %.1f s; serving %s", gguf, time.monotonic() - started, out)
     return out
 
@@ -160,13 +225,15 @@ def _exclusive(out: Path):
 @dataclass(frozen=True)
 class CacheEntry:
     """One conversion in the cache: its directory, size in bytes, last use (mtime, s since the epoch), whether
-    the installed converter wrote it (``current``) and whether it is complete (has ``config.json``)."""
+    the installed converter wrote it (``current``), whether it is complete (has ``config.json``) and why it is
+    damaged (:func:`damage`; None when it is not, or when it is incomplete)."""
 
     path: Path
     bytes: int
     last_used: float
     current: bool
     complete: bool
+    damaged: str | None = None
 
 
 def entries(root: Path | None = None) -> list[CacheEntry]:
@@ -179,18 +246,21 @@ def entries(root: Path | None = None) -> list[CacheEntry]:
     for d in root.iterdir() if root.is_dir() else ():
         if d.is_dir() and not d.name.startswith("."):
             size = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
-            out.append(CacheEntry(d, size, d.stat().st_mtime, d.name.endswith(suffix), (d / "config.json").is_file()))
+            complete = (d / "config.json").is_file()
+            why = damage(d) if complete else None
+            out.append(CacheEntry(d, size, d.stat().st_mtime, d.name.endswith(suffix), complete, why))
     return sorted(out, key=lambda e: -e.last_used)
 
 
 def prune(root: Path | None = None, days: float | None = None, dry_run: bool = False) -> list[CacheEntry]:
-    """Remove the conversions of older converter versions, incomplete ones, and (``days``) those unused for
-    more than ``days`` days; a conversion another process holds locked is skipped. Returns what was (or, with
+    """Remove the conversions of older converter versions, incomplete and damaged ones, and (``days``) those unused
+    for more than ``days`` days; a conversion another process holds locked is skipped. Returns what was (or, with
     ``dry_run``, would be) removed."""
     now = time.time()
     removed = []
     for e in entries(root):
-        stale = not e.current or not e.complete or (days is not None and now - e.last_used > days * 86400)
+        stale = (not e.current or not e.complete or e.damaged is not None
+                 or (days is not None and now - e.last_used > days * 86400))
         if not stale:
             continue
         with open(e.path.with_name(e.path.name + ".lock"), "a") as f:

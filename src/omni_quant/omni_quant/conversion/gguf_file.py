@@ -159,6 +159,7 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
         TensorReport,
         cpu_int4_config,
         discard,
+        out_of_space,
         partial_dir,
         publish,
         write_codes,
@@ -299,7 +300,10 @@ def convert_gguf(gguf_file: str | os.PathLike[str], dst: str | os.PathLike[str],
                      paths={p: sum(r.action.startswith(p) for r in reports) for p in ("repacked", "requantized",
                                                                                         "copied", "embedding")})
         publish(tmp, dst)
-    except BaseException:
+    except BaseException as exc:
         discard(tmp, created)
+        full = out_of_space(exc, dst, path.stat().st_size)
+        if full is not None:
+            raise full from None
         raise
     return reports

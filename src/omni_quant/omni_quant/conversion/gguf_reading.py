@@ -16,11 +16,22 @@ __all__ = ["field", "name_map", "open_reader"]
 
 
 def open_reader(path: Path):
-    """The ``gguf`` package's ``GGUFReader`` of ``path``.
+    """The ``gguf`` package's ``GGUFReader`` of ``path``, once its header was checked against the file's size
+    (:func:`omni_quant.format.gguf_bounds.check`: the reader trusts every length in it, C35).
 
     Raises:
-        ConversionError: the file is not a readable GGUF file (the message asks whether it is complete).
+        ConversionError: the file is not a readable GGUF file, or its header declares what the file cannot hold
+            (one line naming it; the message asks whether it is complete).
     """
+    from omni_quant.format.gguf_bounds import GgufBoundsError, check
+
+    try:
+        check(path)
+    except GgufBoundsError as exc:
+        raise ConversionError(f"{path} is not a usable GGUF file: {exc}; is it complete (compare its size and "
+                              "digest with the source)?") from None
+    except OSError as exc:
+        raise ConversionError(f"{path} cannot be read: {exc.strerror or exc}") from None
     try:
         from gguf import GGUFReader
 

@@ -8,6 +8,7 @@ Raises :class:`ConversionError` for input a converter cannot use."""
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import logging
@@ -28,9 +29,9 @@ from omni_quant.format.quant_math import ROW_BLOCK, dequantize, dequantize_int8,
 
 logger = logging.getLogger("omni_quant.conversion.output")
 
-__all__ = ["CONVERTER_VERSION", "ConversionError", "ShardWriter", "TensorReport", "discard", "partial_dir",
-           "publish", "write_codes", "write_int8", "write_quantized", "write_quantized_super_blocks", "write_report",
-           "write_super_blocks"]
+__all__ = ["CONVERTER_VERSION", "SPACE_ERRNOS", "ConversionError", "discard", "out_of_space", "partial_dir",
+           "publish", "ShardWriter", "TensorReport", "write_codes", "write_int8", "write_quantized",
+           "write_quantized_super_blocks", "write_report", "write_super_blocks"]
 
 CONVERTER_VERSION = "omni-quant-convert/6"
 # 2: g32, weighted head; 3: recipes, all linears weighted; 4: GGUF too; 5: super-blocks (GGUF Q4_K kept as they are);
@@ -40,6 +41,26 @@ SHARD_BYTES = 256 << 20
 
 class ConversionError(RuntimeError):
     """Input the converter cannot use; the message says what and what to do. Nothing was written."""
+
+
+SPACE_ERRNOS = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+                errno.EFBIG: "a file size limit was reached"}
+"""The write errors that mean "no room": what each says (a full disk, a quota, ``ulimit -f``)."""
+
+
+def out_of_space(exc: BaseException, dst: Path, need_bytes: int) -> ConversionError | None:
+    """For a write that found no room (:data:`SPACE_ERRNOS`) while converting into ``dst``: one line naming the
+    directory, what ran out, the space the conversion needs (``need_bytes``, an upper bound: the source's size)
+    and what is free there; None for any other error. The caller has removed what it wrote."""
+    if not isinstance(exc, OSError) or exc.errno not in SPACE_ERRNOS:
+        return None
+    try:
+        free = f"; {shutil.disk_usage(dst.parent if dst.parent.exists() else Path('.')).free / 2**20:.0f} MiB are free"
+    except OSError:
+        free = ""
+    return ConversionError(f"{dst.parent}: {SPACE_ERRNOS[exc.errno]} ({exc.strerror}) while writing {dst.name}: the "
+                           f"conversion needs up to {need_bytes / 2**20:.0f} MiB there (the source's size){free}; "
+                           "nothing was left behind: make room or choose another destination, then convert again")
 
 
 @dataclass
@@ -82,7 +103,13 @@ class ShardWriter:
         if not self.pending:
             return
         fname = f"model-{len(self.files) + 1:05d}.safetensors"
-        save_file(self.pending, str(self.out / fname), metadata={"format": "pt"})
+        try:
+            save_file(self.pending, str(self.out / fname), metadata={"format": "pt"})
+        except Exception as e:  # noqa: BLE001 - safetensors reports an I/O error as its own type, "(os error N)"
+            m = re.search(r"os error (\d+)", str(e))
+            if m is None:
+                raise
+            raise OSError(int(m.group(1)), os.strerror(int(m.group(1))), str(self.out / fname)) from e
         self.files.append(fname)
         for k in self.pending:
             self.weight_map[k] = fname
