@@ -498,16 +498,7 @@ def test_sigterm_during_a_conversion_removes_the_partial_output(tmp_path):
 
     src = write_checkpoint(tmp_path / "src")
     ready = tmp_path / "writing"
-    script = (
-        "import sys, time, pathlib\n"
-        "from omni_quant.conversion import cli, output\n"
-        "real = output.ShardWriter.add\n"
-        "def add(self, name, t):\n"
-        f"    pathlib.Path({str(ready)!r}).touch()\n"
-        "    time.sleep(60)\n"
-        "    return real(self, name, t)\n"
-        "output.ShardWriter.add = add\n"
-        "sys.exit(cli.main(sys.argv[1:]))\n")
+    script = _held_at_first_tensor(ready)
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-c", script, "convert", str(src), str(out / "dst"), "--recipe", "q4"],
                             stderr=subprocess.PIPE, text=True)
