@@ -130,10 +130,11 @@ def test_omni_quant_convert_refuses_in_one_line(tmp_path, kind, truncated):
 @pytest.mark.engine
 def test_omni_vllm_serve_refuses_a_hostile_gguf_in_one_line_and_caches_nothing(tmp_path):
     from conftest import clean_env
+    from harness.server_process import free_port
 
     cache = tmp_path / "cache"
     src = huge_array(tmp_path / "hostile.gguf")
-    proc, seconds, peak_mib = _run([OMNI_VLLM, "serve", str(src), "--port", "18731"],
+    proc, seconds, peak_mib = _run([OMNI_VLLM, "serve", str(src), "--port", str(free_port())],
                                    clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache)), tmp_path)
     assert proc.returncode != 0, proc.stderr[-2000:]
     tail = proc.stderr.strip().splitlines()[-1]
