@@ -26,7 +26,7 @@ from typing import Any
 
 from harness.server_process import Server, concurrent_seconds, post_json, stream_times
 
-__all__ = ["measure_server", "serve_command"]
+__all__ = ["kill_compile_ahead", "measure_server", "serve_command", "wait_for_compile_ahead"]
 
 MiB = 1 << 20
 
@@ -91,7 +91,8 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
         assert all(r == args.gen_len for r in results), results
     finally:
         server.stop()
-    compile_ahead = wait_for_compile_ahead(args.server_timeout)
+    compile_ahead = (kill_compile_ahead() if getattr(args, "first_start", False)
+                     else wait_for_compile_ahead(args.server_timeout))
     metrics = {
         "pp_tps": args.prompt_len / pp_s,
         "tg_tps": tg,
@@ -115,6 +116,36 @@ def measure_server(model: str, args: Any, prompt: Any, cold: bool, log: Path) ->
     return metrics, provenance
 
 
+def _compile_ahead_pids(root: Path) -> list[int]:
+    pids = []
+    for f in root.glob("*.pid") if root.is_dir() else ():
+        try:
+            pids.append(int(f.read_text()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_compile_ahead() -> dict[str, Any]:
+    """SIGKILL the process group of every background compile named under ``$VLLM_CACHE_ROOT/omni_compile_ahead``
+    (``--first-start`` passes: the next pass must start from nothing, with no compile beside it). Returns
+    ``{"killed": [pids], "root"}``."""
+    import os
+    import signal
+
+    from omni_platform.compile_ahead import marker_dir
+
+    root = marker_dir()
+    killed = []
+    for pid in _compile_ahead_pids(root):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            continue
+    return {"killed": killed, "root": os.fspath(root)}
+
+
 def wait_for_compile_ahead(timeout_s: float, cache_root: Path | None = None) -> dict[str, Any]:
     """Wait (unmeasured) until the background compile a first ``omni-vllm serve`` started has exited, so that it
     competes with no later measurement: every process named in a ``*.pid`` file of
@@ -132,12 +163,7 @@ def wait_for_compile_ahead(timeout_s: float, cache_root: Path | None = None) -> 
     from omni_platform.compile_ahead import marker_dir
 
     root = cache_root / "omni_compile_ahead" if cache_root is not None else marker_dir()
-    pids = []
-    for f in root.glob("*.pid") if root.is_dir() else ():
-        try:
-            pids.append(int(f.read_text()))
-        except (OSError, ValueError):
-            continue
+    pids = _compile_ahead_pids(root)
     t = time.perf_counter()
     alive = [p for p in pids if psutil.pid_exists(p)]
     while alive:

@@ -117,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server", action="store_true",
                     help="measure `omni-vllm serve` from an HTTP client instead of vllm.LLM in this process")
     ap.add_argument("--server-timeout", type=float, default=900.0, help="seconds to wait for /health")
+    ap.add_argument("--first-start", action="store_true",
+                    help="--server: every pass a first start: a new empty VLLM_CACHE_ROOT under the arm's, and the "
+                         "background compile (omni_platform.compile_ahead) killed with its process group after "
+                         "the pass instead of waited for; the directory is removed")
     args = ap.parse_args(argv)
     if args.server:
         return _main_server(args)
@@ -242,9 +246,20 @@ def _main_server(args: argparse.Namespace) -> int:
     model = str(fetch(args.model)) if args.model in MODELS else args.model
     from harness.arms import start
 
+    if args.first_start:
+        import shutil
+        import tempfile
+
+        base = os.environ.get("VLLM_CACHE_ROOT") or tempfile.gettempdir()
+        os.makedirs(base, exist_ok=True)
+        os.environ["VLLM_CACHE_ROOT"] = tempfile.mkdtemp(prefix="first-start-", dir=base)
     cold = start.cache_is_empty(os.environ.get("VLLM_CACHE_ROOT"))
     log = REPO_ROOT / ".cache" / f"run_vllm-server-{os.getpid()}.log"
-    metrics, server = measure_server(model, args, _prompt, cold, log)
+    try:
+        metrics, server = measure_server(model, args, _prompt, cold, log)
+    finally:
+        if args.first_start:
+            shutil.rmtree(os.environ["VLLM_CACHE_ROOT"], ignore_errors=True)
     size, sha = checkpoint_fingerprint(model)
     result = {
         "metrics": metrics,

