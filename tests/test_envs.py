@@ -8,8 +8,8 @@ from omni_platform import envs
 
 SHIPPED_DEFAULTS = {
     # what README and docs promise a user who sets nothing (the defaults that carry the wins, and the switches)
-    "OMNI_SPECULATION": "auto", "OMNI_SPEC_MIN_MATCH": 3, "OMNI_SPEC_START_K": 4, "OMNI_SPEC_FOLLOW_EDITS": False,
-    "OMNI_OPEN_METRICS": False, "OMNI_COMPILE_AHEAD": True,
+    "OMNI_SPECULATION": "auto", "OMNI_SPEC_MIN_MATCH": 3, "OMNI_SPEC_START_K": 4, "OMNI_SPEC_FOLLOW_EDITS": True,
+    "OMNI_OPEN_METRICS": False, "OMNI_COMPILE_AHEAD": True, "OMNI_COMPILE_YIELD": True,
     "OMNI_KV_CACHE_MAX_MIB": 2048, "OMNI_KV_CACHE_MAX_FRACTION": 0.5, "OMNI_FEW_CPUS": 4,
     "OMNI_CPU_ATTN_ONE_OP": True, "OMNI_FUSED_LAYERS": True, "OMNI_MAPPED_WEIGHTS": True,
     "OMNI_INT4_KERNEL": "auto", "OMNI_IR_CPU_NORMS": False, "OMNI_ORPHAN_WATCHDOG": True,

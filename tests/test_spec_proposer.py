@@ -15,7 +15,7 @@ MAX_LEN = 256
 
 
 def _proposer(k=8, max_len=MAX_LEN, follow_edits=True, **kw):
-    """The proposer under test; following edits on (``OMNI_SPEC_FOLLOW_EDITS``'s opt-in), unless asked otherwise:
+    """The proposer under test; following edits on (``OMNI_SPEC_FOLLOW_EDITS``'s default), unless asked otherwise:
     the rules before it apply either way."""
     return GatedPromptLookup(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
                                              model_config=SimpleNamespace(max_model_len=max_len)),

@@ -97,10 +97,10 @@ def _check(result, eager):
 
 @pytest.mark.engine
 def test_speculation_gives_the_plain_tokens_eager(int4_model_dir, real_model, tiny_int4):
-    """Eager, the gated proposer follows copies through edits (``OMNI_SPEC_FOLLOW_EDITS=1``, the opt-in); compiled
-    (below) it runs the shipped default, each draft a fresh lookup."""
+    """Eager, the gated proposer drafts by fresh lookups (``OMNI_SPEC_FOLLOW_EDITS=0``, the opt-out); compiled
+    (below) it runs the shipped default, following copies through edits."""
     result = run_engine(_runs(int4_model_dir, real_model, tiny_int4, eager=True),
-                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off", OMNI_SPEC_FOLLOW_EDITS="1",
+                        clean_env(VLLM_PLUGINS="omni", OMNI_SPECULATION="off", OMNI_SPEC_FOLLOW_EDITS="0",
                                   **PREFILL_PATH_FROM))
     _check(result, eager=True)
 

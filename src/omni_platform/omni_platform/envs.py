@@ -185,11 +185,11 @@ SETTINGS: dict[str, Setting] = {
         Setting(
             "OMNI_SPEC_FOLLOW_EDITS",
             _bool,
-            False,
-            "1: omni's gated prompt lookup (omni_platform.spec_proposer) follows a copied run through an "
-            "edit (a divergence after a long accepted run is taken as a replaced token; the replacement, once "
-            "confirmed, is applied to later drafts): faster on code edits, but its chat interval fell below the "
-            "default's floor (docs/speculation.md); 0 (the default): each draft is a fresh suffix lookup.",
+            True,
+            "1 (the default): omni's gated prompt lookup (omni_platform.spec_proposer) follows a copied run "
+            "through an edit (a divergence after a long accepted run is taken as a replaced token; the "
+            "replacement, once confirmed, is applied to later drafts): faster on code edits, the chat, QA and "
+            "prose floor held with 24 pairs (docs/speculation.md); 0: each draft is a fresh suffix lookup.",
         ),
         Setting(
             "OMNI_MALLOC_MMAP_THRESHOLD",
