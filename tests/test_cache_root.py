@@ -1,8 +1,8 @@
 """C21: vLLM's cache root (``VLLM_CACHE_ROOT``, and ``HOME`` under it) cannot be written.
 
 Compiled ``vllm.LLM`` starts and serves with one warning naming the directory (caching in a private directory,
-compile caching off); ``omni-vllm serve FILE.gguf`` refuses in one line naming the directory and a writable
-one. Never a traceback."""
+compile caching off); ``omni-vllm serve FILE.gguf`` converts into that private directory and serves, saying
+that every start converts again. Never a traceback."""
 
 from __future__ import annotations
 
@@ -58,18 +58,33 @@ def test_c21_compiled_llm_starts_with_an_unwritable_cache_root(int4_model_dir, t
     assert "Traceback" not in run.log and "PermissionError" not in run.log
 
 
-def test_c21_serve_gguf_refuses_an_unwritable_cache_root_in_one_line(tmp_path):
+@pytest.mark.engine
+def test_c21_serve_gguf_converts_into_a_private_directory_and_serves(tmp_path):
+    """The same rule as the compiled vllm.LLM above: the conversion goes to the private directory, the server
+    answers, and the directory is gone after it stops."""
+    from harness.models.registry import gguf_path
+    from harness.server_process import Server
+
     ro = tmp_path / "home"
     ro.mkdir()
-    gguf = tmp_path / "model.gguf"
-    gguf.write_bytes(b"GGUF")  # refused before it is read
+    gguf = gguf_path("smollm2-135m")
     with read_only(ro):
-        out = subprocess.run([str(Path(sys.executable).with_name("omni-vllm")), "serve", str(gguf), "--port", "0"],
-                             env=clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(ro / "vllm"), HOME=str(ro)),
-                             capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0
-    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("omni-vllm serve:")]
-    assert len(lines) == 1, out.stderr[-2000:]
-    assert f"model.gguf is converted once into vLLM's cache root {ro / 'vllm'}" in lines[0]
-    assert "set VLLM_CACHE_ROOT to a writable directory (for example VLLM_CACHE_ROOT=" in lines[0]
-    assert "Traceback" not in out.stderr
+        def cmd(port: int) -> list[str]:
+            return [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(gguf), "--port", str(port),
+                    "--enforce-eager", "--max-model-len", "256", "--served-model-name", "m"]
+
+        env = clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(ro / "vllm"), HOME=str(ro),
+                        TMPDIR=str(tmp_path / "tmp"))
+        (tmp_path / "tmp").mkdir()
+        with Server.start(cmd, tmp_path / "serve.log", env=env, timeout_s=900) as server:
+            from harness.server_process import post_json
+
+            out = post_json(server.base + "/v1/completions", {"model": "m", "prompt": "The sky is", "max_tokens": 4,
+                                                                "temperature": 0}, 300)
+            private = [p for p in (tmp_path / "tmp").iterdir() if p.name.startswith("omni-vllm-cache-")]
+            assert len(private) == 1 and any(private[0].rglob("config.json")), private
+    log = (tmp_path / "serve.log").read_text(errors="replace")
+    assert out["usage"]["completion_tokens"] == 4
+    assert log.count(WARNING) == 1 and f"{WARNING} {ro / 'vllm'} cannot be written" in log, log[-3000:]
+    assert f"omni-vllm serve: {gguf.name} is converted into {private[0]}, removed at exit" in log
+    assert "Traceback" not in log and not private[0].exists()

@@ -168,7 +168,10 @@ def test_distinct_sweep_requests_share_no_prefix_past_the_template() -> None:
     tok = AutoTokenizer.from_pretrained(str(fetch("smollm2-135m-int4")))
     ids = [tok.apply_chat_template(r["body"]["messages"], tokenize=False) for r in reqs[:4]]
     common = min(len(_common_prefix(a, b)) for a in ids for b in ids if a != b)
-    assert common < 40, common  # characters: the template's opening and "Session 0000"
+    assert common < 43, common  # characters: the template's opening and "Session 04-0000"
+    other_level = {m["content"] for m in (r["body"]["messages"][0] for r in requests_for(2, 2, 64, ("edit",),
+                                                                                          distinct=True))}
+    assert not other_level & {m["content"] for m in firsts}  # another stream count: none of the same sessions
 
 
 def _common_prefix(a: str, b: str) -> str:

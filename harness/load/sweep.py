@@ -33,7 +33,8 @@ def requests_for(n: int, per_stream: int, max_tokens: int, workloads: tuple[str,
     """``n * per_stream`` request dicts for :func:`harness.load.client.run_closed_loop`: the workload prompts
     in turn, greedy, ``ignore_eos``, ``max_tokens`` each, streamed.
 
-    ``distinct``: each request opens with a system message of its own (``Session NNNNN.``), so that no two share
+    ``distinct``: each request opens with a system message of its own (``Session SS-NNNNN.``: the stream count and
+    the request's index, unique over the sweep's levels), so that no two share
     more than the chat template's first tokens: a server's prefix cache then serves no request's prefill from
     another's, and the sweep measures prefill and decode of every request (the shared prompts of the default
     sweep are three, which vLLM's prefix cache serves after the first round while llama-server's slots each
@@ -45,7 +46,9 @@ def requests_for(n: int, per_stream: int, max_tokens: int, workloads: tuple[str,
     for i in range(n * per_stream):
         messages = list(prompts[i % len(prompts)].messages)
         if distinct:
-            messages = [{"role": "system", "content": f"Session {i:05d}. You are a helpful assistant."}, *messages]
+            # the stream count in the name too: the next level's requests share no prefix with this level's
+            messages = [{"role": "system", "content": f"Session {n:02d}-{i:05d}. You are a helpful assistant."},
+                        *messages]
         out.append({"body": {"model": "m", "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
                              "ignore_eos": True}, "stream": True})
     return out

@@ -28,6 +28,7 @@ guards only ``/v1``, ``/v2``, ``/inference`` and ``/cohere``.
 from __future__ import annotations
 
 import importlib.metadata
+import sys
 from pathlib import Path
 
 __all__ = ["LOOPBACK", "main", "port_in_use", "secure_serve_args", "vllm_distribution_version"]
@@ -171,33 +172,28 @@ def _model_at(argv: list[str], idx: int) -> str:
 
 
 def _check_gguf_cache(argv: list[str]) -> None:
-    """``serve FILE.gguf``: exit 2 with one line when vLLM's cache root, where the conversion is kept, cannot be
-    written (C21). Any other model starts anyway (:mod:`omni_platform.cache_root`); a conversion of minutes made
-    into a directory removed at exit would be made again at every start, so this one is refused.
+    """``serve FILE.gguf`` when vLLM's cache root, where the conversion is kept, cannot be written (C21): convert
+    into a private directory removed at exit and serve, with one warning that names the directory, the error,
+    that every start converts again, and the fix (:func:`omni_platform.cache_root.ensure_writable`, the same
+    rule a compiled ``vllm.LLM`` follows: a start that serves beats a refusal, and the warning says what it
+    costs). Before the conversion, so the conversion lands there.
 
     Raises:
-        SystemExit: the message names the directory, the error, and a writable directory to use instead.
+        SystemExit: no private directory can be made either (the message names both places).
     """
     idx = _serve_model_index(argv)
     model = _model_at(argv, idx) if idx is not None else _config_model(argv) if argv[1:2] == ["serve"] else None
     if model is None or not model.endswith(".gguf"):
         return
-    import tempfile
+    from omni_platform.cache_root import ensure_writable
 
-    from vllm import envs as vllm_envs
-
-    from omni_platform.cache_root import write_problem
-
-    root = vllm_envs.VLLM_CACHE_ROOT
-    why = write_problem(root)
-    if why is None:
-        return
-    tmp = tempfile.gettempdir()
-    hint = (f"for example VLLM_CACHE_ROOT={Path(tmp) / 'omni-vllm-cache'}" if write_problem(tmp) is None
-            else "a directory on a writable disk")
-    raise SystemExit(f"omni-vllm serve: {Path(model).name} is converted once into vLLM's cache root {root}, "
-                     f"which cannot be written ({why}); set VLLM_CACHE_ROOT to a writable directory ({hint}) and "
-                     "start again. Nothing was converted.")
+    try:
+        private = ensure_writable()
+    except OSError as e:
+        raise SystemExit(f"omni-vllm serve: {e}. Nothing was converted.") from None
+    if private is not None:
+        print(f"omni-vllm serve: {Path(model).name} is converted into {private}, removed at exit: every start "
+              "converts it again until VLLM_CACHE_ROOT names a writable directory", file=sys.stderr, flush=True)
 
 
 def _resolve_serve_model(argv: list[str]) -> list[str]:
@@ -231,7 +227,6 @@ def _resolve_serve_model(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Run vLLM's CLI entry point with the version lookup above (and the model resolved)."""
-    import sys
 
     importlib.metadata.version = vllm_distribution_version  # this process only
     sys.argv, said = secure_serve_args(sys.argv)

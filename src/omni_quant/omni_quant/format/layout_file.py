@@ -73,11 +73,13 @@ class LayerEntry:
 @dataclass
 class MappedLayout:
     """A layout file mapped read-only: ``path``, ``layers`` (prefix -> :class:`LayerEntry` whose tensors
-    are views of the mapping), ``nbytes`` (the file's size)."""
+    are views of the mapping), ``nbytes`` (the file's size), ``ino`` (the mapped file's inode number, -1 when
+    unknown: a file replaced by rename since has another)."""
 
     path: Path
     layers: dict[str, LayerEntry]
     nbytes: int
+    ino: int = -1
 
 
 def _align(n: int) -> int:
@@ -184,7 +186,13 @@ def write_layout(path: Path, key: dict[str, Any], layers: dict[str, LayerEntry])
             f.flush()
             os.fsync(fd)
         drop_cached_pages(fd)
-        mapped = _cut(_advised_mapping(fd, total), Path(path), total, json.loads(header))
+        # mapped through a read-only descriptor: a mapping holds the file it was made from, and one opened for
+        # writing would count as a writer for as long as the mapping lives (no read lease, runtime.layout_guard)
+        rfd = os.open(tmp, os.O_RDONLY)
+        try:
+            mapped = _cut(_advised_mapping(rfd, total), Path(path), total, json.loads(header), os.fstat(rfd).st_ino)
+        finally:
+            os.close(rfd)
         os.replace(tmp, path)
         return mapped
     except BaseException:
@@ -222,7 +230,8 @@ def open_layout(path: Path, key: dict[str, Any]) -> MappedLayout:
     path = Path(path)
     fd = os.open(path, os.O_RDONLY)
     try:
-        size = os.fstat(fd).st_size
+        st = os.fstat(fd)
+        size = st.st_size
         if size < 16 + TRAILER_BYTES:
             _parse(b"", size)  # raises: too short to be one
         mm = _advised_mapping(fd, size)
@@ -246,7 +255,7 @@ def open_layout(path: Path, key: dict[str, Any]) -> MappedLayout:
             diff = sorted(k for k in set(found) | set(key) if found.get(k) != key.get(k))
             raise LayoutRefused("made for another " + ", ".join(
                 f"{k} ({found.get(k)!r}; this load needs {key.get(k)!r})" for k in diff))
-        return _cut(mm, path, size, meta)
+        return _cut(mm, path, size, meta, st.st_ino)
     except BaseException:
         try:
             mm.close()
@@ -293,7 +302,7 @@ def _advised_mapping(fd: int, size: int) -> mmap.mmap:
     return mm
 
 
-def _cut(mm: mmap.mmap, path: Path, size: int, meta: dict[str, Any]) -> MappedLayout:
+def _cut(mm: mmap.mmap, path: Path, size: int, meta: dict[str, Any], ino: int = -1) -> MappedLayout:
     """Fault ``mm`` in and cut the tensors the header ``meta`` lists out of it.
 
     Faulted in with ``MADV_POPULATE_READ`` (``MADV_WILLNEED`` on kernels before 5.14), after the
@@ -326,7 +335,7 @@ def _cut(mm: mmap.mmap, path: Path, size: int, meta: dict[str, Any]) -> MappedLa
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise LayoutRefused(f"damaged header ({type(exc).__name__}: {exc})") from None
-    return MappedLayout(Path(path), layers, size)
+    return MappedLayout(Path(path), layers, size, ino)
 
 
 def tensor_bytes(layers: Iterable[LayerEntry]) -> int:

@@ -56,7 +56,7 @@ from omni_platform import envs
 from omni_quant.format import layout_file
 from omni_quant.format.layout_file import LayerEntry, LayoutRefused, MappedLayout
 from omni_quant.kernels import w4a8 as native
-from omni_quant.runtime import huge_pages
+from omni_quant.runtime import huge_pages, layout_guard
 
 __all__ = ["DIR_NAME", "LAYOUT_PARAMS", "adopt", "checkpoint_digest", "finish", "layout_key", "report",
            "user_cache_dir"]
@@ -191,6 +191,7 @@ def _open_session() -> _Session:
         logger.info("omni-quant: cpu_int4 layers mapped from %s (%d layers, %.1f MiB of file pages shared "
                     "between processes; no repack)", path, len(s.mapped.layers), s.mapped.nbytes / 2**20)
         _events.append({"state": "mapped", "path": str(path), "layers": len(s.mapped.layers)})
+        layout_guard.guard(path, s.mapped.ino)
         return s
     s.reason = "no layout file yet"
     return s
@@ -347,6 +348,7 @@ def _write(s: _Session) -> None:
                     "later starts map it without repacking", path, s.reason, where, len(entries),
                     mapped.nbytes / 2**20)
         _events.append({"state": "written", "path": str(path), "layers": len(entries)})
+        layout_guard.guard(path, mapped.ino)
         return
     why = "; ".join(errors)
     logger.info("omni-quant: cpu_int4 weights copied into memory, not mapped: no layout file could be written (%s)",
