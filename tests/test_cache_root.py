@@ -7,7 +7,6 @@ that every start converts again. Never a traceback."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
