@@ -24,8 +24,9 @@ which in prose is often and wrong. This proposer drafts:
 
 Edits, not only copies (``OMNI_SPEC_FOLLOW_EDITS``, on by default: faster on code edits, and the chat, QA and prose
 floor held in a paired run of 24 pairs, docs/speculation.md; ``=0``: each draft a fresh lookup). A request that
-rewrites its prompt (rename a variable, change a line) copies long runs and diverges at the edited tokens. Plain prompt lookup loses
-the copy at each divergence and needs ``MIN_MATCH`` new tokens to find it again. This proposer follows the copy instead:
+rewrites its prompt (rename a variable, change a line) copies long runs and diverges at the edited tokens. Plain
+prompt lookup loses the copy at each divergence and needs ``MIN_MATCH`` new tokens to find it again. This proposer
+follows the copy instead:
 
 - a draft continues from where the last accepted one ended in the source (the *copy*), not from a new
   lookup;
