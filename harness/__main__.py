@@ -8,7 +8,7 @@ Commands: ``bench`` (harness.grid.bench), ``results`` (harness.artifacts.results
 ``plot-load`` (harness.load.plot), and the arm runners the specs call: ``run-vllm``, ``run-llamacpp``,
 ``run-ik-llamacpp``, ``run-openvino``, ``run-spec``, ``run-llama-server``, ``run-load``,
 ``run-load-openvino`` and ``run-soak`` (servers under load), ``run-kv-residency`` (a server's memory around a
-long request).
+long request), ``run-demo`` (the main job from empty caches, timed).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ COMMANDS = {
     "startup": "harness.startup.run",
     "paired": "harness.paired.run",
     "run-vllm": "harness.arms.vllm",
+    "run-demo": "harness.arms.demo",
     "run-llamacpp": "harness.arms.llamacpp",
     "run-ik-llamacpp": "harness.arms.ik_llamacpp",
     "run-openvino": "harness.arms.openvino",

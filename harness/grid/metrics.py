@@ -122,6 +122,9 @@ _ALL = [
              f"tree {_KV_KIND[kind]} of an omni server {_KV_WHEN[when]} (harness/load/kv_residency.py)", _LEDGER)
       for kind, when in (("anon", "first"), ("anon", "long"), ("anon", "after"), ("total", "first"),
                          ("total", "long"))],
+    Metric("demo_cold_s", Direction.LOWER, "s", 10.0, False,
+           "python -m harness demo (make demo's job) from empty model, compile and omni caches: the bundled model "
+           "converted, served, asked, stopped (harness/arms/demo.py)", _PHASES),
     Metric("start_cold_s", Direction.LOWER, "s", 10.0, False,
            "launch to first token, the arm's cache empty (its first start in the run)", _PHASES, one_of="start"),
     Metric("start_warm_s", Direction.LOWER, "s", 10.0, False,
