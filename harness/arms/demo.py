@@ -53,11 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         return 1
-    out = proc.stdout.splitlines()
+    out = [ln for ln in proc.stdout.splitlines() if ln.startswith(("engine start-up", "decode", "  omni"))]
     print(json.dumps({"metrics": {"demo_cold_s": seconds}, "provenance": {
         "platform": None, "worker_threads": None, "worker_cpus": None, "head_dtype": None, "patches": None,
         "not_observed": "the demo's server is a child of a child: its own printout is in demo_output",
-        "model": args.model, "demo_output": [ln for ln in out if ln.startswith(("engine start-up", "decode", "  omni"))],
+        "model": args.model, "demo_output": out,
         "compile_ahead": killed}}), flush=True)
     return 0
 
