@@ -151,6 +151,10 @@ _ALL = [
                f"median gap between streamed chunks, {n} concurrent streams", "more passes"),
         Metric(f"itl_p99_ms_c{n}", Direction.LOWER, "ms", 10.0, False,
                f"99th percentile of the gaps between streamed chunks, {n} concurrent streams", "more passes"),
+        Metric(f"tpot_ms_c{n}", Direction.LOWER, "ms", 10.0, False,
+               f"time per output token after the first, mean over the requests of {n} concurrent streams: "
+               "(last chunk - first chunk) / (completion tokens - 1); unlike itl it counts tokens, not chunks, "
+               "so a speculative step's several tokens count as several", "more passes"),
         Metric(f"errors_c{n}", Direction.LOWER, "requests", 0.0, True,
                f"requests of the {n}-stream point without a 200 and a whole answer", "the server's log",
                positive=False),

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             s = summarize(results, wall)
             errors = s["requests"] - s["ok"]
             metrics[f"errors_c{n}"] = errors
-            for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"):
+            for key in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_ms"):
                 if s[key] is not None:
                     metrics[f"{key}_c{n}"] = s[key]
             if s["completion_tokens"]:
