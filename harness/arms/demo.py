@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -35,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from harness.arms.server import kill_compile_ahead
+    from harness.models.registry import checkpoint_dir
+    from harness.provenance import checkpoint_fingerprint
 
     base = os.environ.get("VLLM_CACHE_ROOT") or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
         killed = kill_compile_ahead()
+        if proc.returncode == 0:  # the checkpoint the demo converted, fingerprinted before it is removed
+            model = checkpoint_dir(args.model, Path(env["HARNESS_MODEL_CACHE"]))
+            size, sha = checkpoint_fingerprint(model)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if proc.returncode != 0:
@@ -57,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"metrics": {"demo_cold_s": seconds}, "provenance": {
         "platform": None, "worker_threads": None, "worker_cpus": None, "head_dtype": None, "patches": None,
         "not_observed": "the demo's server is a child of a child: its own printout is in demo_output",
-        "model": args.model, "demo_output": out,
+        "model": args.model, "model_path": str(model), "model_bytes": size, "model_sha256": sha,
+        "quantization": "cpu_int4 (converted by the demo)", "demo_output": out,
         "compile_ahead": killed}}), flush=True)
     return 0
 
