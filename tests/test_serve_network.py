@@ -40,6 +40,16 @@ def test_other_commands_are_left_alone():
     assert secure_serve_args(["omni-vllm", "bench", "latency"]) == (["omni-vllm", "bench", "latency"], [])
 
 
+def test_an_empty_key_is_refused_not_served_open(monkeypatch):
+    """``--api-key "$KEY"`` with KEY unset: vLLM would drop the empty key and serve every route open."""
+    for argv in ([*SERVE, "--api-key", ""], [*SERVE, "--api-key="], [*SERVE, "--api-key", " "]):
+        with pytest.raises(SystemExit, match="--api-key is empty"):
+            secure_serve_args(argv)
+    monkeypatch.setenv("VLLM_API_KEY", "")
+    _, lines = secure_serve_args(list(SERVE))
+    assert any("VLLM_API_KEY is set but empty: no key guards this server" in ln for ln in lines)
+
+
 def test_the_key_line_says_what_it_guards(monkeypatch):
     _, lines = secure_serve_args([*SERVE, "--api-key", "k"])
     assert any("every route but /health" in ln for ln in lines)
@@ -52,7 +62,7 @@ KEY_K = SimpleNamespace(api_key=["k"])  # the server's parsed arguments with --a
 
 
 def _call(mw: KeyOnEveryRoute, path: str, key: str | None = None, kind: str = "http", method: str = "GET",
-          args=KEY_K) -> tuple[str, object]:
+          args=KEY_K, extra_headers: tuple = ()) -> tuple[str, object]:
     """Run one request through the middleware; ("passed", None) when it reached the app, else what was sent."""
     sent: list[dict] = []
     reached: list[str] = []
@@ -65,6 +75,7 @@ def _call(mw: KeyOnEveryRoute, path: str, key: str | None = None, kind: str = "h
 
     mw.app = app
     headers = [(b"authorization", f"Bearer {key}".encode())] if key is not None else []
+    headers += list(extra_headers)
     scope = {"type": kind, "path": path, "method": method, "headers": headers,
              "app": SimpleNamespace(state=SimpleNamespace(args=args))}
     asyncio.run(mw(scope, None, send))
@@ -85,7 +96,12 @@ def test_every_route_but_health_needs_the_key(monkeypatch):
         assert _call(mw, path, key="wrong") == ("status", 401), path
         assert _call(mw, path, key="k") == ("passed", None), path
     assert _call(mw, "/health") == ("passed", None)
-    assert _call(mw, "/v1/models", method="OPTIONS") == ("passed", None)  # CORS preflight, as vLLM's check
+    preflight = ((b"origin", b"http://example.org"), (b"access-control-request-method", b"POST"))
+    assert _call(mw, "/v1/models", method="OPTIONS", extra_headers=preflight) == ("passed", None)  # CORS answers it
+    # any other OPTIONS needs the key: the Prometheus app at /metrics answers OPTIONS with the metrics
+    for path in ("/metrics", "/metrics/", "/v1/models"):
+        assert _call(mw, path, method="OPTIONS") == ("status", 401), path
+        assert _call(mw, path, method="OPTIONS", extra_headers=preflight[:1]) == ("status", 401), path
     assert _call(mw, "/v1/realtime", kind="websocket") == ("closed", 1008)
     assert _call(KeyOnEveryRoute(None), "/tokenize", args=SimpleNamespace(api_key=None)) == ("passed", None)
 
@@ -132,10 +148,11 @@ def test_c33_c34_a_real_server_on_loopback_with_its_key_on_every_route(int4_mode
         return [str(Path(sys.executable).with_name("omni-vllm")), "serve", str(int4_model_dir), "--port", str(port),
                 "--served-model-name", "m", "--api-key", "sekret", "--enforce-eager", "--max-model-len", "512"]
 
-    def status(server, path: str, key: str | None = None, body: dict | None = None) -> int:
+    def status(server, path: str, key: str | None = None, body: dict | None = None, method: str | None = None,
+               headers: dict | None = None) -> int:
         req = urllib.request.Request(server.base + path, data=json.dumps(body).encode() if body else None,
-                                     headers={"Content-Type": "application/json",
-                                              **({"Authorization": f"Bearer {key}"} if key else {})})
+                                     headers={"Content-Type": "application/json", **(headers or {}),
+                                              **({"Authorization": f"Bearer {key}"} if key else {})}, method=method)
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status
@@ -153,6 +170,9 @@ def test_c33_c34_a_real_server_on_loopback_with_its_key_on_every_route(int4_mode
                            ("/version", None)]:
             assert status(server, path, body=body) == 401, path
         assert status(server, "/health") == 200
+        assert status(server, "/metrics", method="OPTIONS") == 401  # the metrics app answers OPTIONS with data
+        preflight = {"Origin": "http://example.org", "Access-Control-Request-Method": "POST"}
+        assert status(server, "/v1/models", method="OPTIONS", headers=preflight) == 200  # vLLM's CORS answers
         assert status(server, "/v1/models", key="sekret") == 200
         assert status(server, "/tokenize", key="sekret", body=tok) == 200
         assert status(server, "/metrics", key="sekret") == 200

@@ -36,11 +36,17 @@ OPEN_PATHS = ("/health",)
 """Paths a request may reach without the key."""
 
 
-def is_open(path: str, method: str | None, open_metrics: bool) -> bool:
+def is_open(path: str, method: str | None, open_metrics: bool,
+            headers: list[tuple[bytes, bytes]] | None = None) -> bool:
     """Whether a request for ``path`` needs no key: ``/health``, ``/metrics`` when ``open_metrics``, and CORS
-    preflights (``OPTIONS``, as vLLM's own check lets them through)."""
+    preflights: ``OPTIONS`` with both ``Origin`` and ``Access-Control-Request-Method`` (``headers``: the ASGI
+    scope's, lower-case names), which vLLM's ``CORSMiddleware`` answers itself without calling any route.
+    Any other ``OPTIONS`` needs the key: vLLM's own check lets every ``OPTIONS`` through, and the Prometheus
+    app mounted at ``/metrics`` answers it with the metrics."""
     if method == "OPTIONS":
-        return True
+        names = {name.lower() for name, _ in headers or ()}
+        if b"origin" in names and b"access-control-request-method" in names:
+            return True
     return path in OPEN_PATHS or (open_metrics and path == "/metrics")
 
 
@@ -91,7 +97,7 @@ class KeyOnEveryRoute:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if is_open(path, scope.get("method"), self.open_metrics):
+        if is_open(path, scope.get("method"), self.open_metrics, scope.get("headers")):
             return await self.app(scope, receive, send)
         hashes = self._key_hashes(scope)
         if hashes == []:

@@ -130,6 +130,10 @@ def secure_serve_args(argv: list[str]) -> tuple[list[str], list[str]]:
       or ``VLLM_API_KEY``) every route but ``/health`` needs it.
 
     Any other command is returned as it is, with no lines.
+
+    Raises:
+        SystemExit: ``--api-key`` is given an empty (or blank) value, as ``--api-key "$KEY"`` with KEY unset
+            gives: vLLM drops empty keys and would serve every route open.
     """
     import os
 
@@ -144,7 +148,14 @@ def secure_serve_args(argv: list[str]) -> tuple[list[str], list[str]]:
         lines.append(f"omni-vllm serve: listening on {LOOPBACK} only (no --host given); --host 0.0.0.0 listens on "
                      "every interface")
     out += ["--middleware", MIDDLEWARE]
-    if _option(out, "--api-key") is not None or os.environ.get("VLLM_API_KEY"):
+    given = _option(out, "--api-key")
+    if given is not None and not given.strip():
+        raise SystemExit("omni-vllm serve: --api-key is empty (an unset variable in --api-key \"$KEY\"?): vLLM "
+                         "would serve every route without a key. Give the key, or leave --api-key out to serve "
+                         "without one.")
+    if given is None and os.environ.get("VLLM_API_KEY") == "":
+        lines.append("omni-vllm serve: VLLM_API_KEY is set but empty: no key guards this server")
+    if given is not None or os.environ.get("VLLM_API_KEY"):
         lines.append("omni-vllm serve: the API key guards every route but /health"
                      + (" and /metrics (OMNI_OPEN_METRICS=1)" if envs.OMNI_OPEN_METRICS else "")
                      + " (vLLM alone guards /v1, /v2, /inference and /cohere)")

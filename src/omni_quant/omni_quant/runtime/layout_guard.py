@@ -12,18 +12,22 @@ The layout cache (:mod:`omni_quant.runtime.layout_cache`) serves a model's cpu_i
 
 :func:`guard` takes a Linux read lease on the mapped file (``fcntl(F_SETLEASE, F_RDLCK)``, man 2 fcntl,
 "Leases"): an ``open`` for writing or a ``truncate`` of it by any process then blocks in the kernel, for up
-to ``/proc/sys/fs/lease-break-time`` seconds (45 by default), while the lease holder gets ``SIGIO``. The
-handler names the file and what to do, then ends this process (``SystemExit`` in the main thread, and
+to ``/proc/sys/fs/lease-break-time`` seconds (45 by default), while the lease holder gets ``SIGIO`` (an
+``open`` with ``O_NONBLOCK``, as coreutils' ``truncate`` and ``touch`` do, fails at once with ``EAGAIN`` and
+breaks the lease all the same: the lease cannot tell a ``touch`` from a write). The handler removes the path
+while it still names the mapped inode (the blocked writer already holds that inode and writes into it, now
+nameless), names the file and what to do, then ends this process (``SystemExit`` in the main thread, and
 ``os._exit`` :data:`EXIT_AFTER_S` seconds later if something swallowed it); the lease goes with the process,
-and only then does the writer's call proceed. So the weights never change under a running engine. A
-server's front end sees its engine core exit and stops; the next start refuses the damaged file by its
-size or checksum (``layout_file.open_layout``) and writes it again.
+and only then does the writer's call proceed. So the weights never change under a running engine, and the
+next start, finding no file, writes it again: a file written in place keeps its size and header, which is
+all ``layout_file.open_layout`` checks (the tensor bytes carry no checksum), so it must not be left for the
+next start to map. A server's front end sees its engine core exit and stops.
 
 Where no lease can be taken (another user's file without ``CAP_LEASE``, a file system without leases such
 as NFS, a file open for writing elsewhere, a load outside the main thread), a daemon thread compares the
-file's size and modification time with the mapped ones every :data:`POLL_S` seconds and ends the process
-the same way on a change; a change between two looks can reach a step (said in the log line that names
-the guard).
+file's size and modification time with the mapped ones every :data:`POLL_S` seconds and, on a change,
+removes the path and ends the process the same way; a change between two looks can reach a step (said in
+the log line that names the guard).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class Guarded:
     size: int
     mtime_ns: int
     ino: int
+    dev: int = -1
 
 
 _guarded: list[Guarded] = []
@@ -73,10 +78,25 @@ def guarded() -> list[Guarded]:
     return list(_guarded)
 
 
-def _message(path: Path, what: str) -> str:
-    return (f"omni-quant: the layout file {path} was {what} while this engine computes from its mapping; this process "
-            "exits now so that no token is computed from changed weights (C37). Start it again: the next start "
-            "checks the file and writes it again if it is damaged. Do not edit files under omni-layouts/; "
+def _remove(g: Guarded) -> str:
+    """Unlink ``g.path`` while it still names the mapped inode; what became of it, for the message."""
+    try:
+        st = os.stat(g.path)
+        if (st.st_ino, st.st_dev) != (g.ino, g.dev if g.dev >= 0 else st.st_dev):
+            return "the path now names another file, left as it is"
+        os.unlink(g.path)
+        return "the file is removed (a writer already holding it writes into the removed file)"
+    except FileNotFoundError:
+        return "the file is gone already"
+    except OSError as exc:
+        return (f"it could not be removed ({exc.strerror or exc}): delete it before the next start, which would "
+                "otherwise map it as it is now")
+
+
+def _message(path: Path, what: str, removed: str) -> str:
+    return (f"omni-quant: the layout file {path} was {what} while this engine computes from its mapping; {removed}; "
+            "this process exits now so that no token is computed from changed weights (C37). Start it again: the "
+            "next start writes the file again. Do not open files under omni-layouts/ for writing (even `touch`); "
             "`omni-quant cache prune` or deleting the file is safe")
 
 
@@ -107,7 +127,7 @@ def _on_sigio(signum, frame) -> None:
         except OSError:
             continue
         if state != fcntl.F_RDLCK:  # being broken: the holder's target type is F_UNLCK
-            _stop(_message(g.path, "opened for writing or truncated by another process"), True)
+            _stop(_message(g.path, "opened for writing or truncated by another process", _remove(g)), True)
     if callable(_previous_sigio):
         _previous_sigio(signum, frame)
 
@@ -127,7 +147,7 @@ def _watch(g: Guarded) -> None:
         if st.st_ino != g.ino:
             continue  # replaced by rename: ours is intact
         if st.st_size != g.size or st.st_mtime_ns != g.mtime_ns:
-            _stop(_message(g.path, "truncated or written in place"), False)
+            _stop(_message(g.path, "truncated or written in place", _remove(g)), False)
 
 
 def guard(path: Path, ino: int | None = None) -> Guarded | None:
@@ -145,7 +165,7 @@ def guard(path: Path, ino: int | None = None) -> Guarded | None:
     if ino is not None and st.st_ino != ino:
         os.close(fd)
         return None
-    g = Guarded(path, fd, "lease", st.st_size, st.st_mtime_ns, st.st_ino)
+    g = Guarded(path, fd, "lease", st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
     why = None
     if threading.current_thread() is not threading.main_thread():
         why = "the model loads outside the main thread (no signal handler there)"
