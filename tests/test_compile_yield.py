@@ -97,3 +97,32 @@ def test_a_killed_front_end_leaves_no_stopped_compile():
                 psutil.Process(pid).kill()
             except psutil.NoSuchProcess:
                 pass
+
+
+def test_an_adopted_compile_is_not_left_stopped_when_its_adopter_dies():
+    """A second server adopts a compile another front end started (its PR_SET_PDEATHSIG names that one): the
+    adopter's guardian continues the group when the adopter dies by SIGKILL."""
+    group = subprocess.Popen([sys.executable, "-c", _GROUP], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # no parent-death signal toward the adopter
+    members = _group_members(group)
+    front = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, signal, time
+        from omni_platform.compile_yield import start_guardian
+        start_guardian({group.pid})
+        time.sleep(0.5)
+        os.killpg({group.pid}, signal.SIGSTOP)
+        print("stopped", flush=True)
+        time.sleep(600)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert front.stdout.readline().strip() == "stopped"
+        assert _wait_for(lambda: _states(members) == {psutil.STATUS_STOPPED}, 5)
+        time.sleep(1.5)
+        assert _states(members) == {psutil.STATUS_STOPPED}, "the guardian leaves the group alone while its parent lives"
+        front.kill()
+        front.wait()
+        assert _wait_for(lambda: psutil.STATUS_STOPPED not in _states(members), 10), _states(members)
+    finally:
+        front.kill()
+        group.kill()
+        subprocess.run(["pkill", "-KILL", "-g", str(group.pid)], check=False)

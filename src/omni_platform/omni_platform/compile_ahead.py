@@ -46,7 +46,8 @@ _USER_CHOSE = ("--enforce-eager", "-O", "--compilation-config", "-cc")
 class Plan:
     """What :func:`plan` decided: ``argv`` to run, ``key`` of the configuration, ``marker`` path, ``child``
     (the background compile's pid, or None), ``reason`` (one line for the log) and ``started`` (this call
-    started ``child``: only then may this server stop it while busy, :mod:`omni_platform.compile_yield`)."""
+    started ``child``; otherwise an earlier start's compile still runs and this server adopts it, with a
+    guardian that continues it should this server die: :mod:`omni_platform.compile_yield`)."""
 
     argv: list[str]
     key: str | None

@@ -19,6 +19,13 @@ so the first answer comes sooner. The compile finishes later when the server is 
   (``PR_SET_PDEATHSIG``, man 2 prctl: sent when the parent *thread* exits; the front end starts it from
   its main thread), and on ``SIGCONT`` passes it to its whole process group (:func:`resume_group_on_sigcont`),
   so its engine core and compiler workers resume too.
+
+A server started while an earlier start's compile of the same configuration still runs (stopped and started
+again during its first compile) *adopts* it (:func:`start` with ``adopted=True``): that compile's
+``PR_SET_PDEATHSIG`` names the earlier front end, so the adopting one first starts a guardian, a small
+interpreter of its own whose parent-death signal is ``SIGTERM`` and which then continues the compile's group
+(:data:`GUARDIAN`). While busy the yielder sends ``SIGSTOP`` at every sample, so a ``SIGCONT`` from another
+server of the same compile does not let it run beside this one's work.
 """
 
 from __future__ import annotations
@@ -28,13 +35,15 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import psutil
 
-__all__ = ["BUSY_CORES", "IDLE_S", "PERIOD_S", "Yielder", "continue_when_parent_dies", "resume_group_on_sigcont",
-           "start"]
+__all__ = ["BUSY_CORES", "GUARDIAN", "IDLE_S", "PERIOD_S", "Yielder", "continue_when_parent_dies",
+           "resume_group_on_sigcont", "start", "start_guardian"]
 
 logger = logging.getLogger("vllm.omni_platform.compile_yield")
 
@@ -90,9 +99,9 @@ class Yielder:
         cores = (cpu - last[1]) / (now - last[0])
         if cores > self.busy_cores:
             self._busy_at = now
+            if not _signal_group(self.pgid, signal.SIGSTOP):  # every busy sample: another server may continue it
+                return False
             if not self.stopped:
-                if not _signal_group(self.pgid, signal.SIGSTOP):
-                    return False
                 self.stopped, self.stops = True, self.stops + 1
                 if self.stops == 1:
                     logger.info("omni: the background compile (process group %d) stops while this server is busy "
@@ -121,8 +130,49 @@ class Yielder:
             self.release()
 
 
-def start(pgid: int) -> Yielder:
-    """Start the daemon thread for the compile whose session leader is ``pgid``; ``SIGCONT`` at exit."""
+GUARDIAN = """
+import os, signal, sys, time
+pgid, parent = int(sys.argv[1]), int(sys.argv[2])
+def go_on(*_):
+    try:
+        os.killpg(pgid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, go_on)
+while True:
+    if os.getppid() != parent:
+        go_on()
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        os._exit(0)
+    time.sleep(1.0)
+"""
+"""The guardian's program: on ``SIGTERM`` (its parent-death signal), when its parent is gone (checked every
+second: the death may come before ``prctl`` took effect), ``SIGCONT`` to the group and exit; exit when the group
+is gone."""
+
+
+def _term_when_parent_dies() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def start_guardian(pgid: int) -> subprocess.Popen:
+    """Start :data:`GUARDIAN` for process group ``pgid`` as a child of this (main) thread. Returns the process."""
+    return subprocess.Popen([sys.executable, "-S", "-I", "-c", GUARDIAN, str(pgid), str(os.getpid())],
+                            stdin=subprocess.DEVNULL, preexec_fn=_term_when_parent_dies, close_fds=True)
+
+
+def start(pgid: int, *, adopted: bool = False) -> Yielder:
+    """Start the daemon thread for the compile whose session leader is ``pgid``; ``SIGCONT`` at exit.
+    ``adopted``: another front end started it (its parent-death signal is not this process's): a guardian is
+    started first (:func:`start_guardian`). Call from the main thread (``PR_SET_PDEATHSIG`` follows the thread)."""
+    if adopted:
+        start_guardian(pgid)
     y = Yielder(pgid)
     atexit.register(y.release)
     threading.Thread(target=y.run, name="omni-compile-yield", daemon=True).start()

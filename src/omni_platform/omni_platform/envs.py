@@ -156,7 +156,8 @@ SETTINGS: dict[str, Setting] = {
             "OMNI_COMPILE_YIELD",
             _bool,
             True,
-            "1: while the background compile of OMNI_COMPILE_AHEAD runs, the server that started it stops it "
+            "1: while the background compile of OMNI_COMPILE_AHEAD runs, the server that started it (or a later "
+            "start that adopted it) stops it "
             "(SIGSTOP to its process group) whenever the server's own processes use more than a quarter of a core, "
             "and continues it after a second idle (omni_platform.compile_yield); 0: it runs beside the server.",
         ),

@@ -255,10 +255,10 @@ def main() -> None:
         sys.argv = decided.argv
         from omni_platform import envs
 
-        if decided.started and decided.child is not None and envs.OMNI_COMPILE_YIELD:
+        if decided.child is not None and envs.OMNI_COMPILE_YIELD:
             from omni_platform.compile_yield import start
 
-            start(decided.child)
+            start(decided.child, adopted=not decided.started)
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()
