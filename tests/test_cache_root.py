@@ -16,7 +16,7 @@ import pytest
 from readonly_dir import read_only
 
 from conftest import clean_env, run_engine
-from omni_platform.cache_root import ensure_writable, write_problem
+from omni_platform.cache_root import OWNER, PREFIX, ensure_writable, sweep, write_problem
 
 WARNING = "omni: vLLM's cache root"
 
@@ -29,6 +29,30 @@ def test_write_problem_names_the_directory_and_the_error(tmp_path):
     with read_only(ro):
         why = write_problem(ro / "cache")
     assert why is not None and str(ro) in why
+
+
+def test_sweep_removes_only_private_directories_whose_owner_is_gone(tmp_path):
+    """A server killed by SIGKILL leaves its private directory (no atexit): the next start's sweep removes it."""
+    import subprocess
+    import time
+
+    import psutil
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_started = psutil.Process(dead.pid).create_time() if psutil.pid_exists(dead.pid) else time.time()
+    dead.wait()
+    dirs = {name: tmp_path / f"{PREFIX}{name}" for name in ("alive", "dead", "unowned-old", "unowned-new")}
+    for d in dirs.values():
+        (d / "omni" / "gguf").mkdir(parents=True)
+        (d / "omni" / "gguf" / "weights.bin").write_bytes(b"\0" * 4096)
+    (dirs["alive"] / OWNER).write_text(f"{os.getpid()} {psutil.Process().create_time()}")
+    (dirs["dead"] / OWNER).write_text(f"{dead.pid} {dead_started}")
+    old = time.time() - 7200
+    os.utime(dirs["unowned-old"], (old, old))
+    (tmp_path / "not-ours").mkdir()
+    assert sorted(sweep(tmp_path)) == sorted([dirs["dead"], dirs["unowned-old"]])
+    assert dirs["alive"].is_dir() and dirs["unowned-new"].is_dir() and (tmp_path / "not-ours").is_dir()
+    assert not dirs["dead"].exists() and not dirs["unowned-old"].exists()
 
 
 def test_ensure_writable_redirects_only_an_unwritable_root(tmp_path, monkeypatch):
