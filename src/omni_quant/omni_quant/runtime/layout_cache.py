@@ -176,6 +176,7 @@ def _open_session() -> _Session:
     name = _file_name(s.key)
     user = user_cache_dir() / f"{hashlib.sha256(str(ckpt).encode()).hexdigest()[:16]}-{name}"
     s.candidates = s.targets = [ckpt / DIR_NAME / name, user]
+    refused = []
     for path in s.candidates:
         try:
             s.mapped = layout_file.open_layout(path, s.key)
@@ -184,16 +185,18 @@ def _open_session() -> _Session:
         except LayoutRefused as exc:
             logger.info("omni-quant: layout file %s refused: %s; the layers are repacked and the file written again",
                         path, exc)
+            refused.append(f"refused: {exc}")
             continue
         except OSError as exc:
             logger.info("omni-quant: layout file %s cannot be mapped (%s); the layers are repacked", path, exc)
+            refused.append(f"cannot be mapped: {exc}")
             continue
         logger.info("omni-quant: cpu_int4 layers mapped from %s (%d layers, %.1f MiB of file pages shared "
                     "between processes; no repack)", path, len(s.mapped.layers), s.mapped.nbytes / 2**20)
         _events.append({"state": "mapped", "path": str(path), "layers": len(s.mapped.layers)})
         layout_guard.guard(path, s.mapped.ino)
         return s
-    s.reason = "no layout file yet"
+    s.reason = f"the layout file {refused[0]}" if refused else "no layout file yet"
     return s
 
 
