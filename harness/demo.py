@@ -82,9 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     print("".join(pieces).strip())
     print("-------------")
     print(f"platform plugin omni activated in the server: {platform_ok}")
+    said: set[str] = set()
     for line in server_log.splitlines():
-        if "omni:" in line:
-            print("  " + line.split("] ", 1)[-1])
+        text = line.split("] ", 1)[-1]
+        if "omni:" in line and text not in said:  # the front end and the engine core may both log a line
+            said.add(text)
+            print("  " + text)
     print(f"engine start-up: {startup_s:.1f} s (launch to /health OK)")
     if completion_tokens and first is not None and last is not None and completion_tokens > 1 and last > first:
         print(f"decode: {(completion_tokens - 1) / (last - first):.1f} tok/s "
