@@ -125,6 +125,10 @@ _ALL = [
     Metric("demo_cold_s", Direction.LOWER, "s", 10.0, False,
            "python -m harness demo (make demo's job) from empty model, compile and omni caches: the bundled model "
            "converted, served, asked, stopped (harness/arms/demo.py)", _PHASES),
+    Metric("demo_from_clone_s", Direction.LOWER, "s", 10.0, False,
+           "make demo in a fresh git clone with every cache empty (pip's included): the virtual environment set up "
+           "from the package index, the bundled model converted, served, asked, stopped (harness/arms/demo.py)",
+           _PHASES),
     Metric("start_cold_s", Direction.LOWER, "s", 10.0, False,
            "launch to first token, the arm's cache empty (its first start in the run)", _PHASES, one_of="start"),
     Metric("start_warm_s", Direction.LOWER, "s", 10.0, False,
