@@ -51,10 +51,12 @@ def _hf_side(path: Path, reader, out: Path) -> tuple[dict, object]:
     return the config dict and the transformers config."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from omni_quant.conversion.gguf_reading import one_metadata_parse
 
     try:
-        cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        with one_metadata_parse(path, reader):
+            cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+            tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as exc:  # noqa: BLE001
         raise ConversionError(f"transformers cannot read the model in {path} ({type(exc).__name__}: {exc}); "
                               f"its architecture is {field(reader, 'general.architecture')!r}") from exc

@@ -5,6 +5,10 @@ same file (:mod:`.calibration`)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import functools
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,7 @@ import torch
 
 from omni_quant.conversion.output import ConversionError
 
-__all__ = ["field", "name_map", "open_reader"]
+__all__ = ["field", "name_map", "one_metadata_parse", "open_reader"]
 
 
 def open_reader(path: Path):
@@ -51,7 +55,14 @@ def field(reader, key: str):
 
 
 def name_map(cfg) -> tuple[dict[str, str], object]:
-    """GGUF tensor name -> transformers name, and transformers' tensor processor for this model."""
+    """GGUF tensor name -> transformers name, and transformers' tensor processor for this model.
+
+    transformers' ``get_gguf_hf_weights_map`` (``modeling_gguf_pytorch_utils.py``, transformers 5.25) recurses over
+    every module and builds gguf's ``TensorNameMap`` for the whole model at each one (397 times for SmolLM2-135M,
+    most of a conversion's seconds by cProfile); the map depends only on the architecture and the block count,
+    so it is built once here (``gguf.get_tensor_name_map``, which that function imports at each call, memoized
+    for the duration of this call)."""
+    import gguf
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
@@ -62,4 +73,48 @@ def name_map(cfg) -> tuple[dict[str, str], object]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
     processor = TENSOR_PROCESSORS.get(cfg.model_type, TensorProcessor)(config=cfg.to_dict())
-    return get_gguf_hf_weights_map(model, processor), processor
+    original = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(original)
+    try:
+        return get_gguf_hf_weights_map(model, processor), processor
+    finally:
+        gguf.get_tensor_name_map = original
+
+
+@contextlib.contextmanager
+def one_metadata_parse(path: Path | None = None, reader=None) -> Iterator[None]:
+    """Within the block, transformers parses a GGUF file's metadata once: ``AutoConfig`` and ``AutoTokenizer``
+    with ``gguf_file`` each call ``load_gguf_checkpoint(path, return_tensors=False)`` (``configuration_utils.py``,
+    ``models/auto/tokenization_auto.py``, transformers 5.25, imported at each call), and each call reads every
+    metadata field, the vocabulary and merges included, through gguf's ``GGUFReader``. Later calls get a deep copy
+    of the first result, so that no caller's edits reach another. Calls with tensors are not cached. ``reader``
+    (this module's :func:`open_reader` of ``path``, already parsed) is what that first call reads ``path`` with:
+    ``load_gguf_checkpoint`` imports ``gguf.GGUFReader`` at each call and only reads the reader."""
+    import gguf
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    original = gguf_utils.load_gguf_checkpoint
+    original_reader = gguf.GGUFReader
+    seen: dict[str, dict] = {}
+
+    def reuse(p, *args, **kwargs):
+        if reader is not None and path is not None and not args and not kwargs \
+                and Path(p).resolve() == Path(path).resolve():
+            return reader
+        return original_reader(p, *args, **kwargs)
+
+    def once(gguf_checkpoint_path, return_tensors=False, *args, **kwargs):
+        if return_tensors or args or kwargs:
+            return original(gguf_checkpoint_path, return_tensors, *args, **kwargs)
+        key = str(gguf_checkpoint_path)
+        if key not in seen:
+            seen[key] = original(gguf_checkpoint_path, return_tensors=False)
+        return copy.deepcopy(seen[key])
+
+    gguf_utils.load_gguf_checkpoint = once
+    gguf.GGUFReader = reuse
+    try:
+        yield
+    finally:
+        gguf_utils.load_gguf_checkpoint = original
+        gguf.GGUFReader = original_reader
