@@ -6,10 +6,11 @@ starts the modules with the most tests first, so a module of one long test (C27,
 could start last and run alone while the other worker idled. Starting the longest first (the classic
 longest-processing-time rule) leaves short modules to fill in at the end.
 
-``MODULE_SECONDS``: each module's setup + call + teardown seconds summed over ``make test``'s phases
-(``pytest --durations=0``) on a 2-core AVX-512 EPYC on 2026-12-05; modules under 10 s are left out and
-keep their collection order after these. The figures only order the modules: a stale one costs minutes of
-suite time, never a result.
+``MODULE_SECONDS``: each module's setup + call + teardown seconds summed over ``make test``'s phases on a
+2-core AVX-512 EPYC: the larger of 2026-12-05's sum (``pytest --durations=0``) and 2026-12-07's sum over the
+module's tests among each phase's 60 slowest (``PYTEST_ARGS=--durations=60 bash .ci/run``; a lower bound).
+Modules under 10 s are left out and keep their collection order after these. The figures only order the
+modules: a stale one costs minutes of suite time, never a result.
 """
 
 from __future__ import annotations
@@ -17,48 +18,60 @@ from __future__ import annotations
 __all__ = ["MODULE_SECONDS", "longest_first"]
 
 MODULE_SECONDS: dict[str, float] = {
-    "test_speculation.py": 210,
-    "test_request_memory.py": 185,
-    "test_mapped_weights.py": 180,
+    "test_mapped_weights.py": 312,
+    "test_speculation.py": 287,
+    "test_request_memory.py": 224,
+    "test_patches_engine.py": 188,
     "test_harness_grid.py": 165,
-    "test_patches_engine.py": 147,
+    "test_compile_cache_key.py": 144,
+    "test_info.py": 133,
+    "test_quant_engine.py": 131,
+    "test_scale_out.py": 129,
+    "test_compile_ahead.py": 127,
+    "test_lifeline.py": 127,
+    "test_gguf_blocks.py": 113,
+    "test_startup.py": 112,
     "test_gguf_convert.py": 111,
+    "test_architectures.py": 107,
     "test_wheels.py": 106,
     "test_streaming_calibration.py": 99,
-    "test_info.py": 99,
-    "test_lifeline.py": 94,
-    "test_startup.py": 81,
-    "test_real_engine.py": 80,
-    "test_quant_engine.py": 79,
-    "test_architectures.py": 79,
-    "test_attention_one_op.py": 77,
-    "test_bench_e2e.py": 77,
-    "test_batch_invariance.py": 73,
-    "test_convert.py": 70,
-    "test_patches_guards.py": 66,
+    "test_bench_e2e.py": 95,
+    "test_patches_guards.py": 95,
+    "test_attention_one_op.py": 91,
+    "test_convert.py": 91,
+    "test_real_engine.py": 90,
+    "test_fused_engine.py": 81,
+    "test_batch_invariance.py": 76,
+    "test_patches_off.py": 67,
+    "test_cache_root.py": 65,
+    "test_patch_switches.py": 53,
     "test_embedding_engine.py": 51,
-    "test_patches_off.py": 49,
-    "test_patch_embedding_gemm_copy.py": 42,
+    "test_patch_embedding_gemm_copy.py": 45,
+    "test_provenance.py": 44,
+    "test_served_requests.py": 44,
+    "test_request_checks.py": 43,
     "test_fuzz_openai.py": 40,
     "test_patches_status.py": 39,
+    "test_soak.py": 39,
     "test_sampler_seeds.py": 37,
-    "test_soak.py": 37,
-    "test_gguf_blocks.py": 37,
-    "test_request_checks.py": 34,
-    "test_speculation_default.py": 32,
-    "test_provenance.py": 32,
+    "test_speculation_default.py": 36,
+    "test_kv_lazy_pages.py": 34,
+    "test_patch_modelinfo_in_process.py": 34,
+    "test_layout_guard.py": 32,
     "test_models.py": 31,
+    "test_gptq_writer.py": 28,
+    "test_gguf_reading.py": 27,
     "test_kv_budget.py": 27,
+    "test_lora.py": 27,
     "test_seeded_prefill.py": 26,
-    "test_lora.py": 24,
-    "test_cache_root.py": 24,
-    "test_patch_modelinfo_in_process.py": 23,
-    "test_compile_cache_key.py": 23,
-    "test_gptq_writer.py": 22,
-    "test_patch_modelinfo_cache.py": 16,
-    "test_prompt_logprobs_memory.py": 15,
-    "test_sigterm_drain.py": 14,
-    "test_spec_structured.py": 13,
+    "test_paired.py": 24,
+    "test_internals.py": 19,
+    "test_patch_modelinfo_cache.py": 19,
+    "test_spec_structured.py": 17,
+    "test_prompt_logprobs_memory.py": 16,
+    "test_sigterm_drain.py": 15,
+    "test_tool_calls.py": 13,
+    "test_tokenizer_pool.py": 10,
 }
 
 
