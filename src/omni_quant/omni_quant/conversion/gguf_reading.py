@@ -43,6 +43,7 @@ def open_reader(path: Path):
                               "is it complete (compare its size and digest with the source)?") from exc
 
 
+@functools.cache
 def _reader_class() -> type:
     """``gguf.GGUFReader`` with its element read (``_get``) slicing a plain ``np.ndarray`` view of the file's map
     instead of the ``np.memmap`` itself; the stock class when ``_get``'s signature is not the one this was written
@@ -60,19 +61,11 @@ def _reader_class() -> type:
 
     if list(inspect.signature(GGUFReader._get).parameters) != ["self", "offset", "dtype", "count", "override_order"]:
         return GGUFReader
-    return _plain_view_reader_class()
-
-
-@functools.cache
-def _plain_view_reader_class() -> type:
-    from gguf.gguf_reader import GGUFReader
 
     class PlainViewReader(GGUFReader):
-        """:func:`_reader_class`'s reader."""
-
         def _get(self, offset: int, dtype, count: int = 1, override_order=None) -> np.ndarray:
             plain = self.__dict__.get("_plain")
-            if plain is None:
+            if plain is None:  # the base __init__ maps the file and reads through _get at once
                 plain = self.__dict__["_plain"] = self.data.view(np.ndarray)
             dtype, count = np.dtype(dtype), int(count)
             arr = plain[offset:offset + dtype.itemsize * count].view(dtype)[:count]
