@@ -18,7 +18,9 @@ and none: greedy) set the sampling; with ``"repeat": true`` the prompts are gene
 reported as ``repeat_token_ids``; ``"per_prompt"`` (one dict per prompt: ``temperature``, ``seed``,
 ``max_tokens``, ``structured_outputs``) overrides them prompt by prompt; every result has each output's
 ``finish_reasons``. With ``"rss_anon": true``, ``rss_anon_before`` and ``rss_anon_after``: each worker's RssAnon
-(bytes) after start-up and after the prompts were generated. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine
+(bytes) after start-up and after the prompts were generated; with ``"kv_resident": true``, ``kv_resident_before`` and
+``kv_resident_after``: the bytes of each worker's KV cache tensors resident in RAM (``mincore(2)``, each storage
+once), at the same two moments. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine
 built with ``enable_lora``) the prompts
 are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
 
@@ -42,6 +44,7 @@ def run_one(config):
 
     llm = LLM(**config["llm"], **({"disable_log_stats": False} if config.get("spec_counters") else {}))
     rss_before = llm.collective_rpc(_rss_anon) if config.get("rss_anon") else None
+    kv_before = llm.collective_rpc(_kv_resident) if config.get("kv_resident") else None
     prompts = [TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p for p in config["prompts"]]
     base = {"temperature": config.get("temperature", 0.0), "seed": config.get("seed"),
             "max_tokens": config.get("max_tokens", 16), "prompt_logprobs": 0 if config.get("prompt_logprobs") else None,
@@ -51,6 +54,7 @@ def run_one(config):
         params = [SamplingParams(**{**base, **_structured(overrides)}) for overrides in config["per_prompt"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     rss_after = llm.collective_rpc(_rss_anon) if config.get("rss_anon") else None
+    kv_after = llm.collective_rpc(_kv_resident) if config.get("kv_resident") else None
     repeat = None
     if config.get("repeat"):
         repeat = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
@@ -100,6 +104,8 @@ def run_one(config):
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
         "rss_anon_before": rss_before,
         "rss_anon_after": rss_after,
+        "kv_resident_before": kv_before,
+        "kv_resident_after": kv_after,
     }
     return result, llm
 
@@ -109,6 +115,19 @@ def _rss_anon(_worker=None):
     from omni_platform.procfs import status_bytes
 
     return status_bytes("RssAnon")
+
+
+def _kv_resident(worker):
+    """Bytes of this worker's KV cache tensors resident in RAM (``mincore(2)``; a storage shared by several
+    layers counted once)."""
+    from harness.memory.ledger import resident_bytes
+
+    storages = {}
+    for t in worker.model_runner.kv_caches:
+        for x in t if isinstance(t, (list, tuple)) else (t,):
+            s = x.untyped_storage()
+            storages[s.data_ptr()] = s.nbytes()
+    return sum(resident_bytes(ptr, n) for ptr, n in storages.items())
 
 
 def _structured(overrides):
