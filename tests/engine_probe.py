@@ -20,7 +20,10 @@ reported as ``repeat_token_ids``; ``"per_prompt"`` (one dict per prompt: ``tempe
 ``finish_reasons``. With ``"rss_anon": true``, ``rss_anon_before`` and ``rss_anon_after``: each worker's RssAnon
 (bytes) after start-up and after the prompts were generated; with ``"kv_resident": true``, ``kv_resident_before`` and
 ``kv_resident_after``: the bytes of each worker's KV cache tensors resident in RAM (``mincore(2)``, each storage
-once), at the same two moments. With ``"lora": {NAME: ADAPTER_DIR}`` (the engine
+once), at the same two moments. With ``"count_isa_probes": true``, ``isa_probes``: per worker, how many of
+inductor's SIMD probe interpreters (``torch/_inductor/cpu_vec_isa.py``, ``VecISA._probe_load``: a Python child that
+``dlopen``s the probe) the process started, counted by an audit hook from before the engine was built.
+With ``"lora": {NAME: ADAPTER_DIR}`` (the engine
 built with ``enable_lora``) the prompts
 are generated again under each adapter, reported as ``lora_token_ids[NAME]``.
 
@@ -42,6 +45,8 @@ def run_one(config):
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    if config.get("count_isa_probes"):
+        sys.addaudithook(_count_isa_probes)
     llm = LLM(**config["llm"], **({"disable_log_stats": False} if config.get("spec_counters") else {}))
     rss_before = llm.collective_rpc(_rss_anon) if config.get("rss_anon") else None
     kv_before = llm.collective_rpc(_kv_resident) if config.get("kv_resident") else None
@@ -104,6 +109,7 @@ def run_one(config):
         "spec_counters": _spec_counters(llm) if config.get("spec_counters") else None,
         "rss_anon_before": rss_before,
         "rss_anon_after": rss_after,
+        "isa_probes": llm.collective_rpc(_isa_probes) if config.get("count_isa_probes") else None,
         "kv_resident_before": kv_before,
         "kv_resident_after": kv_after,
     }
@@ -115,6 +121,20 @@ def _rss_anon(_worker=None):
     from omni_platform.procfs import status_bytes
 
     return status_bytes("RssAnon")
+
+
+_ISA_PROBES = [0]
+
+
+def _count_isa_probes(event, args):
+    """Audit hook: count the ``subprocess.Popen`` calls whose arguments carry inductor's ISA probe script."""
+    if event == "subprocess.Popen" and any("cdll.LoadLibrary" in str(a) for a in (args[1] or ())):
+        _ISA_PROBES[0] += 1
+
+
+def _isa_probes(_worker=None):
+    """How many ISA probe interpreters this process started (read in each worker through ``collective_rpc``)."""
+    return _ISA_PROBES[0]
 
 
 def _kv_resident(worker):

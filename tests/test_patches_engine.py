@@ -88,7 +88,8 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
 
     def start(cache, **env):
         config = {"llm": {"model": str(model), "skip_tokenizer_init": True, "max_model_len": 256,
-                          "max_num_seqs": 2, "dtype": "float32"}, "prompts": [[1, 5, 9, 33]], "max_tokens": 8}
+                          "max_num_seqs": 2, "dtype": "float32"}, "prompts": [[1, 5, 9, 33]], "max_tokens": 8,
+                  "count_isa_probes": True}
         return run_engine(config, clean_env(VLLM_PLUGINS="omni", VLLM_CACHE_ROOT=str(cache), **env))
 
     off1 = start(tmp_path / "cache", OMNI_PATCH_AOT_CACHE_OFF="1")  # cold: compiles and saves
@@ -103,9 +104,19 @@ def test_aot_compile_cache_second_start_loads_instead_of_recompiling(tiny_llama,
     small = "warming up the compiled model from its AOT artifact with"
     assert small in on.log and "was not loaded" not in on.log
     assert small not in off1.log and small not in off2.log
-    full = start(tmp_path / "cache", OMNI_PATCH_SMALL_WARMUP_OFF="1")  # its switch: vLLM's full warm-up
+    # inductor's SIMD probes (_patch_inductor_isa_probe_cache): run by the cold start, stored, not run again
+    assert off1["isa_probes"][0] > 0 and off2["isa_probes"] == on["isa_probes"] == [0], (off1, off2, on)
+    stored = [p.name.split("-")[0] for p in (tmp_path / "cache" / "omni_start_probes").iterdir()]
+    assert stored.count("triton_key") == 1 and 0 < stored.count("isa") <= off1["isa_probes"][0], stored
+    full = start(tmp_path / "cache", OMNI_PATCH_SMALL_WARMUP_OFF="1",  # its switch: vLLM's full warm-up
+                 OMNI_PATCH_ISA_PROBE_CACHE_OFF="1",  # the probe cache's: torch probes every start
+                 OMNI_PATCH_TRITON_KEY_CACHE_OFF="1")  # the Triton key's: torch hashes Triton's files again
+    applied = full["workers"][0]["extension_reports"]["patches"]["applied"]
+    assert "_patch_inductor_isa_probe_cache" not in applied and "_patch_inductor_triton_key_cache" not in applied
+    assert "_patch_inductor_triton_key_cache" in on["workers"][0]["extension_reports"]["patches"]["applied"]
     assert "Directly load AOT compilation" in full.log and small not in full.log
     assert "_patch_cpu_small_warmup switched off" in full.log
+    assert full["isa_probes"][0] > 0, full["isa_probes"]
     assert full["token_ids"] == on["token_ids"]
 
 

@@ -68,7 +68,8 @@ def test_apply_twice_changes_nothing_the_second_time():
         "_patch_text_model_processor_probe", "_patch_cpu_modelinfo_in_process",
         "_patch_cpu_speculation_default", "_patch_cpu_seeded_chunked_prefill",
         "_patch_lora_on_quantized_embeddings", "_patch_cpu_spec_expand_kernel",
-        "_patch_detokenizer_prompt_mid_character", "_patch_cpu_kv_cache_lazy_pages"])
+        "_patch_detokenizer_prompt_mid_character", "_patch_cpu_kv_cache_lazy_pages",
+        "_patch_inductor_isa_probe_cache", "_patch_inductor_triton_key_cache"])
     assert out["same"] and out["changed"] == []
 
 

@@ -50,11 +50,12 @@ def docs_tables() -> tuple[str, str]:
 
 
 def all_patches() -> list[Patch]:
-    """The nineteen patches, in application order."""
+    """The twenty-one patches, in application order."""
     from omni_patches.patches.aot_cache import PATCH as AOT
     from omni_patches.patches.batch_defaults import PATCH as BATCH
     from omni_patches.patches.detokenizer_prompt_tail import PATCH as DETOKENIZER_TAIL
     from omni_patches.patches.embedding_pack import PATCH as EMBEDDING
+    from omni_patches.patches.isa_probe_cache import PATCH as ISA_PROBE
     from omni_patches.patches.kv_cache import PATCH as KV
     from omni_patches.patches.kv_lazy_pages import PATCH as KV_LAZY
     from omni_patches.patches.lora_embedding import PATCH as LORA_EMBEDDING
@@ -70,7 +71,8 @@ def all_patches() -> list[Patch]:
     from omni_patches.patches.speculation_default import PATCH as SPECULATION
     from omni_patches.patches.token_ids import PATCH as TOKEN_IDS
     from omni_patches.patches.tokenizer_pool import PATCH as TOKENIZER_POOL
+    from omni_patches.patches.triton_key_cache import PATCH as TRITON_KEY
 
     return [AOT, KV, RELEASE, BATCH, SEEDS, WARMUP, PP, MODELINFO, TOKEN_IDS, EMBEDDING, TOKENIZER_POOL,
             PROCESSOR_PROBE, MODELINFO_IN_PROCESS, SPECULATION, SEEDED_PREFILL,
-            LORA_EMBEDDING, SPEC_EXPAND, DETOKENIZER_TAIL, KV_LAZY]
+            LORA_EMBEDDING, SPEC_EXPAND, DETOKENIZER_TAIL, KV_LAZY, ISA_PROBE, TRITON_KEY]
