@@ -3,8 +3,9 @@
 Upstream behaviour (triton 3.x ``triton/runtime/cache.py``, ``triton_key``, which torch 2.13 reaches through
 ``torch/_inductor/runtime/triton_compat.py`` for inductor's cache keys, ``CacheBase.get_system`` and
 ``AsyncCompile``): every process that loads or compiles a graph hashes Triton's compiler, backend and language
-sources and its ~480 MiB ``libtriton.so`` with sha256, although vLLM's CPU graphs never run Triton. On a 2-core
-AVX-512 EPYC that was about 0.6 s of a compiled warm start (cProfile of one ``vllm.LLM`` start on SmolLM2 int4).
+sources and its ``libtriton.so`` (hundreds of MiB) with sha256, although vLLM's CPU graphs never run Triton
+(cProfile of one compiled ``vllm.LLM`` warm start on SmolLM2 int4; docs/startup.md measures warm starts with and
+without this patch and the SIMD probe cache).
 
 The replacement keys the value by the installed Triton itself: its version and the relative path, size and
 modification time (ns) of every file under the ``triton`` package directory (a walk of ~600 files, ~10 ms), the
@@ -77,8 +78,8 @@ PATCH = Patch(
     doc=__doc__.split("\n")[0],
     where=("`triton/runtime/cache.py:triton_key` as torch 2.13's "
            "`torch/_inductor/runtime/triton_compat.py` names it"),
-    bug=("not a bug: every process that loads or compiles a graph hashes Triton's sources and its ~480 MiB "
-         "`libtriton.so` (about 0.6 s of a warm start on two cores), although CPU graphs never run Triton; the "
+    bug=("not a bug: every process that loads or compiles a graph hashes Triton's sources and its "
+         "`libtriton.so`, although CPU graphs never run Triton; the "
          "replacement keeps the value under `$VLLM_CACHE_ROOT/omni_start_probes`, keyed by Triton's version "
          "and each of its files' size and modification time"),
     switch_doc="`OMNI_PATCH_TRITON_KEY_CACHE_OFF=1`",
