@@ -83,6 +83,11 @@ def test_the_triton_key_is_triton_s_own_and_read_back(store):
     (later,) = triton_key_cache.PATCH.make(must_not_run)  # a later process: reads the stored value
     assert later() == value
 
+    (stored,) = store.iterdir()
+    stored.write_text("garbage")  # not Triton's form: computed again and replaced
+    (again,) = triton_key_cache.PATCH.make(real)
+    assert again() == value and stored.read_text() == value
+
 
 def test_a_changed_triton_file_changes_the_key(tmp_path):
     pkg = tmp_path / "triton"

@@ -12,7 +12,8 @@ modification time (ns) of every file under the ``triton`` package directory (a w
 rule ``make`` uses. The first process computes Triton's own value and stores it under
 ``$VLLM_CACHE_ROOT/omni_start_probes`` (:mod:`omni_patches.patches.probe_store`); later ones read it. A Triton
 reinstalled, upgraded or edited in place changes a size or a time, hence the key, and the value is computed again.
-It stays one value per process, as Triton's ``functools.lru_cache`` made it.
+It stays one value per process, as Triton's ``functools.lru_cache`` made it. A stored value not in Triton's own
+form (its version, then hashes) is computed again and replaced.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def _make(original):
         except (ImportError, OSError, AttributeError):
             return original()
         value = probe_store.load(KIND, key)
-        if value is None:
+        if value is None or not value.startswith(f"{triton.__version__}-"):  # Triton's own form: version-hashes
             value = original()
             probe_store.save(KIND, key, value)
         return value
