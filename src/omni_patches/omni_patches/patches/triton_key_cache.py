@@ -13,13 +13,14 @@ rule ``make`` uses. The first process computes Triton's own value and stores it 
 ``$VLLM_CACHE_ROOT/omni_start_probes`` (:mod:`omni_patches.patches.probe_store`); later ones read it. A Triton
 reinstalled, upgraded or edited in place changes a size or a time, hence the key, and the value is computed again.
 It stays one value per process, as Triton's ``functools.lru_cache`` made it. A stored value not in Triton's own
-form (its version, then hashes) is computed again and replaced.
+form (its version, then sha256 digests) is computed again and replaced.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 
 from omni_patches.patches import MARKER, Patch, probe_store
 
@@ -46,6 +47,12 @@ def install_stamp(package_dir: str, version: str) -> str:
     return probe_store.digest([version, files])
 
 
+def _triton_form(value: str, version: str) -> bool:
+    """Whether ``value`` has the form of Triton's ``triton_key``: the version, then sha256 hex digests joined by
+    ``-`` (``triton/runtime/cache.py``)."""
+    return re.fullmatch(re.escape(version) + r"[0-9a-f]{64}(-[0-9a-f]{64})*", value) is not None
+
+
 def _raise(error: OSError) -> None:
     raise error
 
@@ -60,7 +67,7 @@ def _make(original):
         except (ImportError, OSError, AttributeError):
             return original()
         value = probe_store.load(KIND, key)
-        if value is None or not value.startswith(f"{triton.__version__}-"):  # Triton's own form: version-hashes
+        if value is None or not _triton_form(value, triton.__version__):
             value = original()
             probe_store.save(KIND, key, value)
         return value
