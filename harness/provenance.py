@@ -63,7 +63,7 @@ KEYS: dict[str, str] = {
     "cpu_speed_probe_s": "float: seconds of a fixed single-core integer loop before the first pass (the "
                          "machine's clock as the passes start; compared after the last)",
     "changed_files": "list[str]|None: paths git reports changed or untracked (empty on a clean tree)",
-    "kernel_revision": "int|None: omni_quant.kernels.w4a8.KERNEL_REVISION of the installed omni-quant",
+    "kernel_revision": "int|None: omni_quant.kernels.revision.KERNEL_REVISION of the installed omni-quant",
     "checkpoints": "dict[str, {bytes, sha256}]: every checkpoint the writer itself read (arms report theirs)",
 }
 
@@ -144,13 +144,13 @@ def collect_git(exclude: tuple[Path, ...] = ()) -> dict[str, Any]:
 
 
 def kernel_revision() -> int | None:
-    """``omni_quant.kernels.w4a8.KERNEL_REVISION`` of the omni-quant this interpreter imports, or None
-    where omni-quant is not importable (OpenVINO's own venv)."""
+    """``omni_quant.kernels.revision.KERNEL_REVISION`` of the omni-quant this interpreter imports (a module without
+    torch: reading it costs no torch import), or None where omni-quant is not importable (OpenVINO's own venv)."""
     try:
-        from omni_quant.kernels import w4a8 as native
+        from omni_quant.kernels import revision
     except ImportError:
         return None
-    return native.KERNEL_REVISION
+    return revision.KERNEL_REVISION
 
 
 def collect_versions() -> dict[str, Any]:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import torch
 
+from omni_quant.kernels import revision
+
 __all__ = ["SUPER_BLOCK", "available", "best_isa", "dequantize", "dequantize_super_blocks", "linear",
            "linear_clock", "linear_super_blocks", "repack", "repack_super_blocks", "supported_isas", "supports_shape"]
 
@@ -67,15 +69,9 @@ BLOCK_N = 16
 SUPER_BLOCK = 256
 """Input channels of a super-block (the super-block layout: 8 sub-blocks of 32)."""
 SB_BYTES = 320
-KERNEL_REVISION = 8
-"""Bumped when the compiled kernels change speed or results: part of the key of cached
-measurements (:mod:`omni_quant.runtime.kernel_choice`). 2: AVX-512 dequantization. 3: AVX2 kernel with
-int16 sums and 4-row assembly, vectorized activation quantization. 4: a decode row's activations
-quantized in pieces across the threads. 5: AVX-512 prefill in 8-row steps and 64-row tiles, two
-accumulators a row, the codes' offset in the accumulator's start, no prefetch past 16 rows.
-6: the super-block layout (:func:`linear_super_blocks`). 7: its AVX-512 VNNI kernel; AVX-512
-dequantization 32 input channels a step (both layouts). 8: the AVX2 super-block kernel takes each
-super-block once per block and row tile (constants unpacked once, codes L1-resident across the tile)."""
+KERNEL_REVISION = revision.KERNEL_REVISION
+"""The compiled kernels' revision (:data:`omni_quant.kernels.revision.KERNEL_REVISION`, kept in a module that does
+not import torch so that reading it is cheap)."""
 
 
 def available() -> bool:
