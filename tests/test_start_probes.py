@@ -103,3 +103,12 @@ def test_a_changed_triton_file_changes_the_key(tmp_path):
     assert triton_key_cache.install_stamp(str(pkg), "3.6.0") != before
     with pytest.raises(OSError):
         triton_key_cache.install_stamp(str(tmp_path / "missing"), "3.6.0")
+
+
+def test_a_fifo_or_a_device_at_a_store_path_is_a_miss_not_a_hang(store):
+    store.mkdir(parents=True)
+    os.mkfifo(store / "isa-fifo")
+    (store / "isa-zero").symlink_to("/dev/zero")
+    (store / "isa-big").write_bytes(b"o" * (probe_store.MAX_BYTES + 1))
+    (store / "isa-ok").write_text("ok")
+    assert [probe_store.load("isa", k) for k in ("fifo", "zero", "big", "missing", "ok")] == [None] * 4 + ["ok"]

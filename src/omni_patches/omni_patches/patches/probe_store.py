@@ -16,10 +16,11 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 
-__all__ = ["DIRNAME", "digest", "load", "save", "store_dir"]
+__all__ = ["DIRNAME", "MAX_BYTES", "digest", "load", "save", "store_dir"]
 
 logger = logging.getLogger("vllm.omni_patches.probe_store")
 
@@ -39,12 +40,26 @@ def digest(parts: list) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
+MAX_BYTES = 1 << 20
+"""The largest value :func:`load` reads (bytes); Triton's key, the largest stored, is a few KiB."""
+
+
 def load(kind: str, key: str) -> str | None:
-    """The text stored for ``kind`` under ``key``, or None (never stored, or unreadable)."""
+    """The text stored for ``kind`` under ``key``, or None (never stored, unreadable, or not a regular file of at
+    most :data:`MAX_BYTES`: a FIFO or a device planted at the path neither blocks nor fills memory)."""
     try:
-        return (store_dir() / f"{kind}-{key}").read_text()
+        fd = os.open(store_dir() / f"{kind}-{key}", os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
+            return None
+        return os.read(fd, MAX_BYTES + 1)[:MAX_BYTES].decode()
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
 
 
 def save(kind: str, key: str, value: str) -> None:
