@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from omni_patches._registry import applied_patches, mark_applied
@@ -136,7 +137,8 @@ def apply_all(patches: list[Patch] | None = None, vllm_version: str | None = Non
     for patch in all_patches() if patches is None else patches:
         resolved, st = _inspect(patch)
         if not st.enabled:
-            logger.info("omni-patches: %s switched off by %s=1", patch.name, patch.disable_env)
+            logger.info("omni-patches: %s switched off by %s=%s", patch.name, patch.disable_env,
+                        os.environ.get(patch.disable_env, "1"))
             continue
         if not st.targets_found or not st.fingerprints_match:
             raise PatchRefused(f"omni-patches: refusing {patch.name}, nothing patched: {st.detail}")
