@@ -48,19 +48,28 @@ def cpu_flags() -> str:
     return ""
 
 
+@functools.cache
+def _toolchain(arch_flags: str, cxx_env: str | None, cxx_config: str) -> str:
+    """Inductor's dry-compile fingerprint for ``arch_flags`` (the compiler's ``-v`` output, the flags, torch's
+    version: one compiler run), once per process for each compiler choice (``CXX``, ``config.cpp.cxx``)."""
+    from torch._inductor import cpu_vec_isa
+
+    return cpu_vec_isa._get_isa_dry_compile_fingerprint(arch_flags)
+
+
 def probe_key(isa, code: str) -> str | None:
     """The store key of ``isa.check_build(code)`` on this machine, or None when torch no longer has the helper
     the key is built from (then nothing is stored)."""
     import torch
     from torch._inductor import cpu_vec_isa
 
-    fingerprint = getattr(cpu_vec_isa, "_get_isa_dry_compile_fingerprint", None)
     loader = getattr(type(isa), "_avx_py_load", None)
-    if fingerprint is None or loader is None:
+    if not hasattr(cpu_vec_isa, "_get_isa_dry_compile_fingerprint") or loader is None:
         return None
+    toolchain = _toolchain(isa.build_arch_flags(), os.environ.get("CXX"), repr(cpu_vec_isa.config.cpp.cxx))
     return probe_store.digest([
         type(isa).__name__, str(isa), isa.build_arch_flags(), hashlib.sha256(code.encode()).hexdigest(),
-        hashlib.sha256(loader.encode()).hexdigest(), fingerprint(isa.build_arch_flags()), sys.executable,
+        hashlib.sha256(loader.encode()).hexdigest(), toolchain, sys.executable,
         os.path.dirname(torch.__file__), cpu_flags(), os.uname().release,
     ])
 
